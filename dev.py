@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""One entry point for a fresh machine that has only Python 3.11.
+
+    python3 dev.py up     install into .venv/ and run the whole system (Ctrl-C stops it)
+    python3 dev.py test   install what is missing into .venv/ and run the whole test suite
+
+Anything after the verb goes to ``manage.py up`` or to pytest. Standard library only:
+this runs before any dependency is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+PYTHON = VENV / "bin" / "python"
+REQUIREMENTS = {"up": ROOT / "requirements.txt", "test": ROOT / "requirements-dev.txt"}
+
+
+def _requirements_digest(path: Path) -> str:
+    """Hash a requirements file together with the files it includes with ``-r``."""
+    digest = hashlib.sha256()
+    for line in path.read_text().splitlines():
+        digest.update(line.encode() + b"\n")
+        if line.startswith("-r "):
+            digest.update(_requirements_digest(path.parent / line[3:].strip()).encode())
+    return digest.hexdigest()
+
+
+def ensure_environment(verb: str) -> None:
+    if sys.version_info[:2] != (3, 11):
+        sys.exit(f"dev.py: Python 3.11 is required, this is {sys.version.split()[0]}")
+    if not PYTHON.exists():
+        print(f"dev.py: creating {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    requirements = REQUIREMENTS[verb]
+    stamp = VENV / f".installed-{requirements.name}.sha256"
+    wanted = _requirements_digest(requirements)
+    if stamp.exists() and stamp.read_text() == wanted:
+        return
+    print(f"dev.py: installing {requirements.name} into {VENV}", flush=True)
+    subprocess.run(
+        [str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", str(requirements)],
+        check=True,
+    )
+    stamp.write_text(wanted)
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] not in REQUIREMENTS:
+        sys.exit(__doc__)
+    verb, rest = argv[0], argv[1:]
+    ensure_environment(verb)
+    os.chdir(ROOT)
+    if verb == "up":
+        command = [str(PYTHON), "manage.py", "up", *rest]
+    else:
+        command = [str(PYTHON), "-m", "pytest", *rest]
+    os.execv(command[0], command)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RagsiteConfig(AppConfig):
+    name = "ragsite"
+    verbose_name = "Site"

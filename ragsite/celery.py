@@ -1,0 +1,78 @@
+"""The Celery application: named queues, routing by task, and the defaults every task shares.
+
+Queues:
+- ``ingest``: parsing, chunking and embedding documents (CPU-heavy, long);
+- ``gpu``: generation on the speculative-decoding pool (one process per GPU, prefetch 1);
+- ``default``: everything short (housekeeping, beat jobs, pings).
+"""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+
+from celery import Celery
+from kombu import Queue as KombuQueue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ragsite.settings")
+
+
+class Queue(StrEnum):
+    INGEST = "ingest"
+    GPU = "gpu"
+    DEFAULT = "default"
+
+
+# Routing by task module: a task lands on its app's queue without every call site
+# having to remember it. Order matters: the first matching pattern wins.
+TASK_ROUTES = {
+    "search.tasks.*": {"queue": Queue.INGEST.value},
+    "inference.tasks.*": {"queue": Queue.GPU.value},
+    "*": {"queue": Queue.DEFAULT.value},
+}
+
+app = Celery("ragsite")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    task_queues=[KombuQueue(queue.value, routing_key=queue.value) for queue in Queue],
+    task_default_queue=Queue.DEFAULT.value,
+    task_routes=TASK_ROUTES,
+    # JSON only: pickle would let anyone who can write to the broker run code in a worker.
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    result_accept_content=["json"],
+    # A task is acknowledged after it finishes, so a crashed worker's task is redelivered;
+    # long tasks additionally set reject_on_worker_lost (LONG_TASK_OPTIONS below).
+    task_acks_late=True,
+    # One message at a time per process: a long ingest or generation must not hold
+    # other messages hostage in its prefetch buffer.
+    worker_prefetch_multiplier=1,
+    task_track_started=True,
+    result_expires=3600,
+    broker_connection_retry_on_startup=True,
+    broker_transport_options={
+        # Must exceed the hard time limit, or Redis redelivers a task that is still running.
+        "visibility_timeout": 3600,
+    },
+    worker_cancel_long_running_tasks_on_connection_loss=True,
+    timezone="UTC",
+    enable_utc=True,
+)
+
+
+def _beat_schedule():
+    from ragsite.beat import BEAT_SCHEDULE
+
+    return BEAT_SCHEDULE
+
+
+app.conf.beat_schedule = _beat_schedule()
+app.autodiscover_tasks()
+
+# Options for tasks that run for a long time (ingestion, generation): redelivered if
+# the worker process dies mid-task, bounded by soft and hard limits from settings.
+LONG_TASK_OPTIONS = {
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+}

@@ -1,0 +1,115 @@
+"""Liveness and readiness.
+
+``/healthz`` answers as long as the web process can run a view: it touches nothing
+else, so a load balancer does not restart web processes because the database blinked.
+``/readyz`` checks what a request needs: the database, Redis, and at least one
+worker consuming each queue (a broadcast ping over the broker, answered by workers).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import redis
+from django.conf import settings
+from django.db import connection
+from django.http import JsonResponse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from ragsite.celery import Queue, app
+
+BEAT_HEARTBEAT_KEY = "ragsite:beat:heartbeat"
+
+
+def redis_client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+def _check_database() -> dict:
+    started = time.perf_counter()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+            row = cursor.fetchone()
+    except Exception as exc:  # any driver error means "not ready", with the reason shown
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}".strip()}
+    return {
+        "ok": True,
+        "ms": round((time.perf_counter() - started) * 1000, 1),
+        "pgvector": row[0] if row else None,
+    }
+
+
+def _check_redis() -> dict:
+    started = time.perf_counter()
+    try:
+        redis_client().ping()
+    except redis.RedisError as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": True, "ms": round((time.perf_counter() - started) * 1000, 1)}
+
+
+def _check_queues() -> dict:
+    """Workers per queue, from the queues each live worker reports it consumes."""
+    result = {queue.value: {"ok": False, "workers": []} for queue in Queue}
+    try:
+        replies = app.control.inspect(timeout=settings.READYZ_WORKER_TIMEOUT).active_queues() or {}
+    except Exception as exc:  # broker unreachable: every queue is not ready, for that reason
+        for entry in result.values():
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+        return result
+    for worker, queues in sorted(replies.items()):
+        for queue in queues or []:
+            entry = result.get(queue.get("name"))
+            if entry is not None:
+                entry["workers"].append(worker)
+                entry["ok"] = True
+    return result
+
+
+def _beat_last_seen() -> str | None:
+    try:
+        raw = redis_client().get(BEAT_HEARTBEAT_KEY)
+    except redis.RedisError:
+        return None
+    if raw is None:
+        return None
+    return datetime.fromisoformat(raw.decode()).isoformat()
+
+
+def readiness_summary() -> dict:
+    database = _check_database()
+    redis_status = _check_redis()
+    queues = (
+        _check_queues()
+        if redis_status["ok"]
+        else {queue.value: {"ok": False, "workers": [], "error": "redis unreachable"} for queue in Queue}
+    )
+    ready = database["ok"] and redis_status["ok"] and all(entry["ok"] for entry in queues.values())
+    return {
+        "status": "ready" if ready else "not ready",
+        "time": timezone.now().isoformat(),
+        "checks": {"database": database, "redis": redis_status, "queues": queues},
+        # Informational: beat being down delays periodic work but does not block requests.
+        "beat_last_seen": _beat_last_seen() if redis_status["ok"] else None,
+    }
+
+
+@never_cache
+@require_GET
+def healthz(request):
+    return JsonResponse({"status": "ok"})
+
+
+@never_cache
+@require_GET
+def readyz(request):
+    summary = readiness_summary()
+    response = JsonResponse(summary, status=200 if summary["status"] == "ready" else 503)
+    # "Not ready" is an expected state that load balancers poll for, not a server error:
+    # keep it out of the error log (Django logs every 5xx unless told it was handled).
+    response._has_been_logged = True
+    return response

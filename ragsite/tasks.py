@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+import os
+import socket
+
+from celery import shared_task
+from django.utils import timezone
+
+from ragsite.health import BEAT_HEARTBEAT_KEY, redis_client
+
+
+@shared_task(name="ragsite.tasks.ping")
+def ping(value: int) -> dict:
+    """Round-trip check: proves a worker process received, ran and answered a task."""
+    return {"value": value + 1, "pid": os.getpid(), "host": socket.gethostname()}
+
+
+@shared_task(name="ragsite.tasks.beat_heartbeat", ignore_result=True)
+def beat_heartbeat() -> None:
+    redis_client().set(BEAT_HEARTBEAT_KEY, timezone.now().isoformat(), ex=600)

@@ -1,0 +1,15 @@
+from django.contrib import admin
+from django.urls import path
+from django.views.generic import TemplateView
+
+from ragsite import health
+
+admin.site.site_header = "RAG search administration"
+admin.site.site_title = "RAG search admin"
+
+urlpatterns = [
+    path("", TemplateView.as_view(template_name="ragsite/home.html"), name="home"),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("admin/", admin.site.urls),
+]

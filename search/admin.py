@@ -1,0 +1,32 @@
+from django.contrib import admin
+
+from search.models import Collection, Document, Membership, Workspace
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Workspace)
+class WorkspaceAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "created_at"]
+    search_fields = ["name", "slug"]
+    prepopulated_fields = {"slug": ["name"]}
+    inlines = [MembershipInline]
+
+
+@admin.register(Collection)
+class CollectionAdmin(admin.ModelAdmin):
+    list_display = ["name", "workspace", "created_at"]
+    list_filter = ["workspace"]
+    search_fields = ["name"]
+
+
+@admin.register(Document)
+class DocumentAdmin(admin.ModelAdmin):
+    list_display = ["title", "collection", "status", "media_type", "size_bytes", "updated_at"]
+    list_filter = ["status", "collection__workspace", "media_type"]
+    search_fields = ["title", "source_name", "sha256"]
+    readonly_fields = ["sha256", "size_bytes", "created_at", "updated_at"]

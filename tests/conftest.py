@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url_for_current_test_db() -> str:
+    """The URL of the database tests run against (pytest-django's ``test_`` copy)."""
+    params = connection.get_connection_params()
+    from urllib.parse import quote
+
+    return f"postgresql://{params.get('user', 'postgres')}@{quote(params['host'], safe='')}/{params['dbname']}"
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+
+@contextmanager
+def celery_worker(queues: list[str], tmp_path: Path, *, concurrency: int = 1) -> Iterator[WorkerProcess]:
+    """A real Celery worker in its own process group, on the test database and Redis.
+
+    Yields once the worker answers a broadcast ping, so tests never race its start-up.
+    """
+    from ragsite.celery import app
+
+    name = f"test-{uuid.uuid4().hex[:8]}@localhost"
+    log_path = tmp_path / f"{name.split('@')[0]}.log"
+    env = dict(os.environ, DATABASE_URL=database_url_for_current_test_db(), PYTHONUNBUFFERED="1")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "ragsite",
+                "worker",
+                "-Q",
+                ",".join(queues),
+                "-n",
+                name,
+                "-c",
+                str(concurrency),
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    worker = WorkerProcess(name=name, process=process, log_path=log_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not app.control.ping(destination=[name], timeout=0.5):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker {name} did not start:\n{worker.log()[-4000:]}")
+        yield worker
+    finally:
+        worker.stop()
+
+
+@pytest.fixture
+def start_worker(tmp_path):
+    """Factory fixture: ``with start_worker(["default"]) as worker: ...``."""
+
+    def factory(queues: list[str], **kwargs):
+        return celery_worker(queues, tmp_path, **kwargs)
+
+    return factory

@@ -1,0 +1,59 @@
+"""The Celery app: configuration, routing by task, and a real round trip through a worker process."""
+
+import os
+
+import psutil
+import pytest
+
+from ragsite.celery import LONG_TASK_OPTIONS, Queue, app
+from ragsite.tasks import ping
+
+
+def test_queues_are_declared_in_one_enum():
+    assert [queue.value for queue in Queue] == ["ingest", "gpu", "default"]
+    assert sorted(queue.name for queue in app.conf.task_queues) == ["default", "gpu", "ingest"]
+    assert app.conf.task_default_queue == "default"
+
+
+@pytest.mark.parametrize(
+    ("task_name", "queue"),
+    [
+        ("search.tasks.document_ingest", "ingest"),
+        ("inference.tasks.generate", "gpu"),
+        ("ragsite.tasks.ping", "default"),
+        ("billing.tasks.usage_rollup", "default"),
+    ],
+)
+def test_tasks_are_routed_by_module(task_name, queue):
+    route = app.amqp.router.route({}, task_name)
+    assert route["queue"].name == queue
+
+
+def test_serialization_is_json_only_and_long_tasks_survive_a_lost_worker():
+    assert app.conf.task_serializer == "json"
+    assert app.conf.result_serializer == "json"
+    assert app.conf.accept_content == ["json"]
+    assert app.conf.task_acks_late is True
+    assert app.conf.worker_prefetch_multiplier == 1
+    assert LONG_TASK_OPTIONS == {"acks_late": True, "reject_on_worker_lost": True}
+    assert 0 < app.conf.task_soft_time_limit < app.conf.task_time_limit
+    assert app.conf.broker_transport_options["visibility_timeout"] > app.conf.task_time_limit
+
+
+def test_beat_schedule_lives_in_one_module():
+    from ragsite.beat import BEAT_SCHEDULE
+
+    assert app.conf.beat_schedule == BEAT_SCHEDULE
+    for entry in BEAT_SCHEDULE.values():
+        assert entry["task"] in app.tasks, entry["task"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task_round_trip_through_a_worker_in_its_own_process(start_worker):
+    with start_worker(["default"]) as worker:
+        result = ping.delay(41).get(timeout=30)
+        worker_tree = {worker.process.pid} | {child.pid for child in psutil.Process(worker.process.pid).children(True)}
+    assert result["value"] == 42
+    assert result["pid"] != os.getpid()
+    assert result["pid"] in worker_tree
+    assert "ragsite.tasks.ping" in worker.log()
