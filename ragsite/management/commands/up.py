@@ -49,6 +49,8 @@ class Command(BaseCommand):
         parser.add_argument("--gpu-workers", type=int, default=1, help="Processes for the gpu queue.")
 
     def handle(self, *args, **options):
+        # Line-buffered, so the supervisor's lines interleave correctly with the children's.
+        sys.stdout.reconfigure(line_buffering=True)
         self._stopping = threading.Event()
         self._output_lock = threading.Lock()
         host, port = options["host"], options["port"]
