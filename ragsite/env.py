@@ -64,7 +64,7 @@ def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int
     return number
 
 
-def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
     value = _raw(name)
     if value is None:
         return default
@@ -74,6 +74,8 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
         raise _bad(name, "a number", value) from None
     if minimum is not None and number < minimum:
         raise _bad(name, f"a number >= {minimum}", value)
+    if maximum is not None and number > maximum:
+        raise _bad(name, f"a number <= {maximum}", value)
     return number
 
 

@@ -134,6 +134,24 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # How long /readyz waits for workers to answer a broadcast ping.
 READYZ_WORKER_TIMEOUT = env_float("READYZ_WORKER_TIMEOUT", 1.0, minimum=0.05)
 
+# --------------------------------------------------------------------------- search
+
+# auto: bf16 where the CPU (AVX512-BF16/AMX) or a GPU runs it natively, else fp32.
+EMBEDDING_PRECISION = env_choice("EMBEDDING_PRECISION", "auto", ("auto", "fp32", "bf16"))
+EMBEDDING_API_BASE_URL = env_url("EMBEDDING_API_BASE_URL", ("http", "https"))
+EMBEDDING_API_KEY = env_str("EMBEDDING_API_KEY", "")
+EMBEDDING_API_DIMENSIONS = env_int("EMBEDDING_API_DIMENSIONS", 1536, minimum=1, maximum=4000)
+EMBEDDING_API_MAX_TOKENS = env_int("EMBEDDING_API_MAX_TOKENS", 512, minimum=16)
+DOCUMENT_MAX_BYTES = env_int("DOCUMENT_MAX_BYTES", 50 * 1024 * 1024, minimum=1)
+CHUNK_OVERLAP_TOKENS = env_int("CHUNK_OVERLAP_TOKENS", 32, minimum=0)
+BM25_K1 = env_float("BM25_K1", 1.5, minimum=0.0)
+BM25_B = env_float("BM25_B", 0.75, minimum=0.0, maximum=1.0)
+SEARCH_CANDIDATES = env_int("SEARCH_CANDIDATES", 100, minimum=1, maximum=1000)
+SEARCH_RRF_K = env_int("SEARCH_RRF_K", 60, minimum=1)
+SEARCH_DENSE_WEIGHT = env_float("SEARCH_DENSE_WEIGHT", 1.0, minimum=0.0)
+SEARCH_KEYWORD_WEIGHT = env_float("SEARCH_KEYWORD_WEIGHT", 1.0, minimum=0.0)
+HNSW_EF_SEARCH = env_int("HNSW_EF_SEARCH", 100, minimum=1, maximum=1000)
+
 # --------------------------------------------------------------------------- auth, i18n, static
 
 AUTH_PASSWORD_VALIDATORS = [

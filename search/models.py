@@ -7,7 +7,33 @@ belongs to exactly one, and every query filters by it.
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVectorField
 from django.db import models
+from django.db.models import F, Func, Q
+from pgvector.django import SparseVectorField, VectorField
+
+# BM25 term weights live in a sparse vector whose indices are hashed lexemes (see the
+# search_term_index SQL function): the dimension is pgvector's maximum.
+BM25_DIMENSIONS = 1_000_000_000
+
+
+class RegConfigField(models.CharField):
+    """A PostgreSQL text-search configuration (``regconfig``), e.g. ``english`` or ``simple``.
+
+    Stored as ``regconfig`` so that ``to_tsvector(ts_config, text)`` is immutable and can
+    feed a generated column; read back as its name.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("max_length", 63)
+        super().__init__(*args, **kwargs)
+
+    def db_type(self, connection):
+        return "regconfig"
+
+    def cast_db_type(self, connection):
+        return "regconfig"
 
 
 class Workspace(models.Model):
@@ -44,6 +70,18 @@ class Collection(models.Model):
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="collections")
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
+    # Every chunk of a collection is embedded by this model: vectors of two models are
+    # never compared. ``manage.py reembed`` moves a collection to another model.
+    embedding_model = models.CharField(max_length=200, default="all-MiniLM-L6-v2")
+    embedding_dimensions = models.PositiveSmallIntegerField(default=384)
+    text_search_config = RegConfigField(
+        default="english", help_text="PostgreSQL text-search configuration (stemming language), e.g. english, simple."
+    )
+    # Corpus statistics for BM25, maintained in the same transaction as the chunks.
+    chunk_count = models.PositiveBigIntegerField(default=0)
+    lexeme_total = models.PositiveBigIntegerField(default=0)
+    # The average chunk length that the stored BM25 weights were computed with.
+    bm25_avgdl = models.FloatField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -69,19 +107,94 @@ class Document(models.Model):
     media_type = models.CharField(max_length=100)
     file = models.FileField(upload_to="documents/%Y/%m/", max_length=500)
     size_bytes = models.PositiveBigIntegerField(default=0)
-    # SHA-256 of the uploaded bytes until the text is parsed; of the normalised text after.
-    sha256 = models.CharField(max_length=64)
+    # SHA-256 of the uploaded bytes: the same file uploaded twice is one document.
+    content_sha256 = models.CharField(max_length=64)
+    # SHA-256 of the normalised text, once parsed: the same text in another file format
+    # is recognised as a duplicate too.
+    sha256 = models.CharField(max_length=64, blank=True, default="")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     error = models.TextField(blank=True, help_text="Why ingestion failed, for operators.")
+    chunks_total = models.PositiveIntegerField(default=0)
+    chunks_embedded = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0)
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    indexed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
         constraints = [
-            models.UniqueConstraint(fields=["collection", "sha256"], name="document_unique_content"),
+            models.UniqueConstraint(fields=["collection", "content_sha256"], name="document_unique_content"),
+            models.UniqueConstraint(
+                fields=["collection", "sha256"], condition=~Q(sha256=""), name="document_unique_text"
+            ),
         ]
 
     def __str__(self) -> str:
         return self.title
+
+
+class Chunk(models.Model):
+    """A passage of a document, the unit of retrieval.
+
+    ``text == document_text[start_offset:end_offset]``. Written only by the ingestion
+    pipeline, all chunks of a document in one transaction.
+    """
+
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="chunks")
+    # Denormalised from the document so that filters and indexes need no join.
+    collection = models.ForeignKey(Collection, on_delete=models.CASCADE, related_name="chunks", db_index=False)
+    ordinal = models.PositiveIntegerField()
+    text = models.TextField()
+    start_offset = models.PositiveIntegerField()
+    end_offset = models.PositiveIntegerField()
+    token_count = models.PositiveIntegerField()
+    embedding_model = models.CharField(max_length=200)
+    embedding_dimensions = models.PositiveSmallIntegerField()
+    # No fixed dimension: collections may use different models. Each dimension gets its
+    # own partial HNSW index over ``embedding::halfvec(N)`` (see search/vector_indexes.py).
+    embedding = VectorField()
+    ts_config = RegConfigField()
+    # Lexemes of the text with ASCII punctuation split first (search/text_normalization.py).
+    tsv = models.GeneratedField(
+        expression=Func(
+            F("ts_config"),
+            Func(F("text"), function="search_text_normalize", output_field=models.TextField()),
+            function="to_tsvector",
+            output_field=SearchVectorField(),
+        ),
+        output_field=SearchVectorField(),
+        db_persist=True,
+    )
+    # Document-side BM25 weights (saturated term frequency, length-normalised), so that
+    # keyword ranking is an inner product with the query's IDF vector.
+    bm25 = SparseVectorField(dimensions=BM25_DIMENSIONS)
+
+    class Meta:
+        ordering = ["document_id", "ordinal"]
+        constraints = [
+            models.UniqueConstraint(fields=["document", "ordinal"], name="chunk_unique_ordinal"),
+            models.CheckConstraint(condition=Q(end_offset__gt=F("start_offset")), name="chunk_offsets_ordered"),
+        ]
+        indexes = [
+            GinIndex(fields=["tsv"], name="chunk_tsv_gin"),
+            models.Index(fields=["collection", "embedding_dimensions"], name="chunk_collection_dims"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.document_id}#{self.ordinal}"
+
+
+class TermStat(models.Model):
+    """Document frequency of a hashed lexeme among a collection's chunks (BM25's IDF)."""
+
+    collection = models.ForeignKey(Collection, on_delete=models.CASCADE, related_name="+")
+    term = models.IntegerField()
+    df = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["collection", "term"], name="termstat_unique_term")]
+
+    def __str__(self) -> str:
+        return f"term {self.term} in {self.collection_id}: df {self.df}"

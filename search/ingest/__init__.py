@@ -1,0 +1,1 @@
+"""Turning uploaded files into normalised text and chunks (pure Python, no Django)."""

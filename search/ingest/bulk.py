@@ -1,0 +1,91 @@
+"""Bulk loading for management commands: files, folders and BEIR corpora, in-process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from search.beir import corpus_read
+from search.ingest.pipeline import documents_ingest
+from search.models import Collection, Document
+from search.services import DocumentRejected, document_create
+
+BATCH_DOCUMENTS = 64
+
+
+def files_under(paths: Iterable[Path]) -> list[Path]:
+    """Every regular, non-hidden file under the given files and folders, sorted."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found.extend(
+                p for p in sorted(path.rglob("*")) if p.is_file() and not any(part.startswith(".") for part in p.parts)
+            )
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"{path} does not exist")
+    return found
+
+
+def files_store(collection: Collection, files: list[Path]) -> tuple[list[int], list[str]]:
+    """Store files as queued documents; returns their ids and the refusals (with reasons)."""
+    ids: list[int] = []
+    refused: list[str] = []
+    for path in files:
+        try:
+            document, _ = document_create(
+                collection=collection, source_name=path.name, content=path.read_bytes(), enqueue=False
+            )
+        except DocumentRejected as exc:
+            refused.append(str(exc))
+            continue
+        ids.append(document.pk)
+    return ids, refused
+
+
+def beir_store(collection: Collection, directory: Path) -> tuple[list[int], list[str]]:
+    """Store a BEIR corpus as documents, each with its corpus id(s) in ``metadata["beir_ids"]``.
+
+    Identical texts under two ids become one document listing both ids, so evaluation
+    credits either id. Returns the new document ids and the refusals (empty entries).
+    """
+    ids: list[int] = []
+    refused: list[str] = []
+    for item in corpus_read(directory):
+        try:
+            document, created = document_create(
+                collection=collection,
+                source_name=f"{item.id}.txt",
+                content=item.content().encode("utf-8"),
+                title=item.title or None,
+                metadata={"beir_ids": [item.id]},
+                enqueue=False,
+            )
+        except DocumentRejected as exc:
+            refused.append(str(exc))
+            continue
+        if not created and item.id not in document.metadata.get("beir_ids", []):
+            document.metadata.setdefault("beir_ids", []).append(item.id)
+            Document.objects.filter(pk=document.pk).update(metadata=document.metadata)
+        if created:
+            ids.append(document.pk)
+    return ids, refused
+
+
+def pending(collection: Collection) -> list[int]:
+    """Documents of the collection not indexed yet (new, failed earlier, or interrupted)."""
+    return list(
+        Document.objects.filter(collection=collection)
+        .exclude(status=Document.Status.INDEXED)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+
+
+def ingest_in_batches(document_ids: list[int], on_documents_done: Callable[[int], None] | None = None) -> None:
+    for start in range(0, len(document_ids), BATCH_DOCUMENTS):
+        batch = document_ids[start : start + BATCH_DOCUMENTS]
+        documents_ingest(document_ids=batch)
+        if on_documents_done:
+            on_documents_done(len(batch))

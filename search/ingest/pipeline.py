@@ -1,0 +1,433 @@
+"""The ingestion pipeline: file -> text -> chunks -> embeddings -> one transaction.
+
+Stages are written to ``Document.status`` as they start (queued -> parsing -> chunking
+-> embedding -> indexed, or failed with the reason), with chunk counts for progress.
+All chunks of a document become visible in a single transaction, so a search sees a
+document entirely or not at all. Running the pipeline twice for the same document (a
+redelivered task) writes its chunks once: the write re-checks the status under a row
+lock and the ``(document, ordinal)`` constraint backs that up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from search.embedders import Embedder, EmbedderError, embedder_get
+from search.ingest.chunking import TextChunk, chunk_text
+from search.ingest.parsers import ParseError, parse_document
+from search.models import Collection, Document
+
+logger = logging.getLogger(__name__)
+
+# Texts per embedder call: large enough to sort by length and pad little.
+EMBED_GROUP = 256
+# Re-weigh a collection's BM25 vectors when its average chunk length has drifted this far
+# from the one the stored weights were computed with.
+AVGDL_DRIFT_LIMIT = 0.2
+
+
+class IngestError(Exception):
+    """A document that cannot be ingested; the message is shown to users as the reason."""
+
+
+def _set_status(document: Document, status: str, **fields) -> None:
+    """Write a stage change at once (autocommit), so the UI sees progress while we work."""
+    fields["status"] = status
+    fields["updated_at"] = timezone.now()
+    Document.objects.filter(pk=document.pk).update(**fields)
+    for name, value in fields.items():
+        setattr(document, name, value)
+
+
+def document_fail(document: Document, reason: str) -> None:
+    _set_status(document, Document.Status.FAILED, error=reason[:2000], chunks_embedded=0)
+    logger.info("document %s failed: %s", document.pk, reason)
+
+
+@dataclass
+class _Prepared:
+    document: Document
+    chunks: list[TextChunk]
+    title: str
+    text_sha256: str
+    metadata: dict
+    embedder: Embedder
+    vectors: list[np.ndarray] = field(default_factory=list)
+
+
+def document_ingest(*, document_id: int) -> Document:
+    """Run the whole pipeline for one document; returns it with its final status."""
+    return documents_ingest(document_ids=[document_id])[0]
+
+
+def documents_ingest(*, document_ids: list[int], on_progress=None) -> list[Document]:
+    """Ingest several documents, embedding their chunks together in large batches.
+
+    Each document still becomes visible in its own transaction, and fails on its own:
+    bad input (unreadable files, duplicates, unknown embedders) ends as ``failed`` with
+    a reason while the others go on. Infrastructure errors (database, broker) propagate
+    so that the task is retried. ``on_progress(chunks_done)`` is called as batches finish.
+    """
+    documents = {d.pk: d for d in Document.objects.select_related("collection").filter(pk__in=document_ids)}
+    missing = [pk for pk in document_ids if pk not in documents]
+    if missing:
+        raise Document.DoesNotExist(f"documents {missing} do not exist")
+    prepared: list[_Prepared] = []
+    for pk in document_ids:
+        document = documents[pk]
+        if document.status == Document.Status.INDEXED:
+            continue  # a redelivered task after success: nothing to do
+        _set_status(document, Document.Status.PARSING, attempts=document.attempts + 1, error="")
+        try:
+            prepared.append(_prepare(document))
+        except (ParseError, IngestError, EmbedderError) as exc:
+            document_fail(document, str(exc))
+
+    _embed_all(prepared, on_progress)
+
+    for item in prepared:
+        if item.document.status == Document.Status.FAILED:
+            continue
+        try:
+            chunks_write(
+                document=item.document,
+                chunks=item.chunks,
+                vectors=np.concatenate(item.vectors),
+                embedder=item.embedder,
+                text_sha256=item.text_sha256,
+                title=item.title,
+                metadata=item.metadata,
+            )
+        except IngestError as exc:
+            document_fail(item.document, str(exc))
+    for collection_id in {item.document.collection_id for item in prepared}:
+        _refresh_bm25_if_drifted(collection_id)
+    return [documents[pk] for pk in document_ids]
+
+
+def _prepare(document: Document) -> _Prepared:
+    """Parse, deduplicate and chunk one document."""
+    collection = document.collection
+    data = _read_file(document)
+    parsed = parse_document(data, media_type=document.media_type)
+    text_sha256 = hashlib.sha256(parsed.text.encode()).hexdigest()
+    duplicate = Document.objects.filter(collection=collection, sha256=text_sha256).exclude(pk=document.pk).first()
+    if duplicate is not None:
+        raise IngestError(f"same text as document {duplicate.pk} ({duplicate.title}) in this collection")
+
+    _set_status(document, Document.Status.CHUNKING)
+    embedder = embedder_get(collection.embedding_model)
+    chunks = chunk_text(
+        parsed.text,
+        tokenize=embedder.token_offsets,
+        max_tokens=embedder.max_tokens,
+        overlap_tokens=settings.CHUNK_OVERLAP_TOKENS,
+        headings=parsed.headings,
+    )
+    if not chunks:
+        raise IngestError("no text to index after chunking")
+    title = document.title
+    if parsed.title and document.metadata.get("title_from") != "user":
+        title = parsed.title[:500]
+    _set_status(document, Document.Status.EMBEDDING, chunks_total=len(chunks), chunks_embedded=0)
+    return _Prepared(
+        document=document,
+        chunks=chunks,
+        title=title,
+        text_sha256=text_sha256,
+        metadata={**document.metadata, **parsed.metadata},
+        embedder=embedder,
+    )
+
+
+def _embed_all(prepared: list[_Prepared], on_progress) -> None:
+    """Embed every chunk of every prepared document, EMBED_GROUP texts per model call.
+
+    Large calls let the embedder sort texts by length and pad little; progress is
+    written to each document as its chunks come back.
+    """
+    by_embedder: dict[str, list[tuple[_Prepared, TextChunk]]] = {}
+    for item in prepared:
+        for chunk in item.chunks:
+            by_embedder.setdefault(item.embedder.name, []).append((item, chunk))
+    done = 0
+    for pairs in by_embedder.values():
+        embedder = pairs[0][0].embedder
+        for start in range(0, len(pairs), EMBED_GROUP):
+            group = pairs[start : start + EMBED_GROUP]
+            failed: set[int] = set()
+            try:
+                vectors = embedder.embed_documents([embedding_input(item.title, chunk) for item, chunk in group])
+            except EmbedderError as exc:
+                for item, _ in group:
+                    if item.document.pk not in failed:
+                        failed.add(item.document.pk)
+                        document_fail(item.document, str(exc))
+                continue
+            if vectors.shape != (len(group), embedder.dimensions):
+                raise IngestError(f"the embedder returned {vectors.shape} for {len(group)} chunks")
+            touched: dict[int, _Prepared] = {}
+            for (item, _chunk), vector in zip(group, vectors, strict=True):
+                item.vectors.append(vector[None, :])
+                touched[item.document.pk] = item
+            for item in touched.values():
+                if item.document.status != Document.Status.FAILED:
+                    count = sum(len(v) for v in item.vectors)
+                    Document.objects.filter(pk=item.document.pk).update(chunks_embedded=count)
+            done += len(group)
+            if on_progress:
+                on_progress(done)
+
+
+def _read_file(document: Document) -> bytes:
+    try:
+        with document.file.open("rb") as handle:
+            data = handle.read(settings.DOCUMENT_MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise IngestError("the uploaded file is missing from storage") from None
+    if len(data) > settings.DOCUMENT_MAX_BYTES:
+        raise IngestError(f"the file is larger than the limit of {settings.DOCUMENT_MAX_BYTES} bytes")
+    return data
+
+
+def embedding_input(title: str, chunk: TextChunk) -> str:
+    """What the embedder reads for a chunk: the document title, then the passage.
+
+    A passage from the middle of a document often never names its subject; the title
+    gives the vector that context. The stored chunk text stays an exact slice.
+    """
+    if not title or chunk.text.startswith(title):
+        return chunk.text
+    return f"{title}\n{chunk.text}"
+
+
+def _register_vector_types() -> None:
+    """pgvector's binary COPY support on Django's underlying psycopg connection (once each)."""
+    raw = connection.connection
+    if not getattr(raw, "_ragsite_vector_registered", False):
+        from pgvector.psycopg import register_vector
+
+        register_vector(raw)
+        raw._ragsite_vector_registered = True
+
+
+def chunks_write(
+    *,
+    document: Document,
+    chunks: list[TextChunk],
+    vectors: np.ndarray,
+    embedder: Embedder,
+    text_sha256: str,
+    title: str,
+    metadata: dict,
+) -> bool:
+    """Replace the document's chunks and mark it indexed, all in one transaction.
+
+    Returns False (and writes nothing) when another delivery of the same task already
+    indexed the document while this one was embedding.
+    """
+    started = time.perf_counter()
+    try:
+        written = _chunks_write(document, chunks, vectors, embedder, text_sha256, title, metadata)
+    except IntegrityError as exc:
+        if "document_unique_text" in str(exc):
+            raise IngestError("same text as another document in this collection") from None
+        raise
+    if written:
+        logger.info(
+            "document %s indexed: %s chunks, write %.0f ms",
+            document.pk,
+            len(chunks),
+            (time.perf_counter() - started) * 1000,
+        )
+    return written
+
+
+def _chunks_write(document, chunks, vectors, embedder, text_sha256, title, metadata) -> bool:
+    with transaction.atomic():
+        connection.ensure_connection()
+        _register_vector_types()
+        locked = Document.objects.select_for_update().get(pk=document.pk)
+        if locked.status == Document.Status.INDEXED:
+            return False
+        # The collection row lock serialises writers of one collection: its BM25
+        # statistics and term frequencies stay consistent, and no two writers deadlock
+        # on the term table.
+        collection = Collection.objects.select_for_update().get(pk=document.collection_id)
+        chunks_remove(document.pk, collection)
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE IF EXISTS pg_temp.search_chunk_staging")
+            cursor.execute(
+                "CREATE TEMP TABLE search_chunk_staging (ordinal int, text text, start_offset int,"
+                " end_offset int, token_count int, embedding vector) ON COMMIT DROP"
+            )
+            with cursor.copy(
+                "COPY search_chunk_staging (ordinal, text, start_offset, end_offset, token_count, embedding)"
+                " FROM STDIN WITH (FORMAT BINARY)"
+            ) as copy:
+                copy.set_types(["int4", "text", "int4", "int4", "int4", "vector"])
+                for chunk, vector in zip(chunks, vectors, strict=True):
+                    copy.write_row((chunk.ordinal, chunk.text, chunk.start, chunk.end, chunk.token_count, vector))
+            params = {
+                "config": collection.text_search_config,
+                "document": document.pk,
+                "collection": collection.pk,
+                "model": embedder.name,
+                "dims": embedder.dimensions,
+                "k1": settings.BM25_K1,
+                "b": settings.BM25_B,
+            }
+            avgdl = collection.bm25_avgdl
+            if avgdl <= 0:
+                # The collection's first document sets the length normalisation.
+                cursor.execute(
+                    "SELECT avg((SELECT sum(coalesce(array_length(u.positions, 1), 1))"
+                    " FROM unnest(to_tsvector(%(config)s::regconfig, search_text_normalize(s.text))) u"
+                    " WHERE search_bm25_lexeme(u.lexeme))) FROM search_chunk_staging s",
+                    params,
+                )
+                avgdl = float(cursor.fetchone()[0] or 1.0)
+            params["avgdl"] = avgdl
+            cursor.execute(
+                """
+                INSERT INTO search_chunk (document_id, collection_id, ordinal, text, start_offset, end_offset,
+                                          token_count, embedding_model, embedding_dimensions, embedding, ts_config,
+                                          bm25)
+                SELECT %(document)s, %(collection)s, s.ordinal, s.text, s.start_offset, s.end_offset, s.token_count,
+                       %(model)s, %(dims)s, s.embedding, %(config)s::regconfig,
+                       search_bm25_document_vector(
+                           to_tsvector(%(config)s::regconfig, search_text_normalize(s.text)), %(avgdl)s, %(k1)s, %(b)s
+                       )
+                FROM search_chunk_staging s
+                ORDER BY s.ordinal
+                """,
+                params,
+            )
+            cursor.execute(
+                """
+                WITH terms AS (
+                    SELECT DISTINCT c.id, search_term_index(u.lexeme) AS term,
+                           coalesce(array_length(u.positions, 1), 1) AS tf, u.lexeme
+                    FROM search_chunk c, unnest(c.tsv) u
+                    WHERE c.document_id = %(document)s AND search_bm25_lexeme(u.lexeme)
+                ), added AS (
+                    INSERT INTO search_termstat (collection_id, term, df)
+                    SELECT %(collection)s, term, count(DISTINCT id) FROM terms GROUP BY term ORDER BY term
+                    ON CONFLICT (collection_id, term) DO UPDATE SET df = search_termstat.df + EXCLUDED.df
+                )
+                SELECT coalesce(sum(tf), 0) FROM terms
+                """,
+                params,
+            )
+            lexemes = int(cursor.fetchone()[0])
+        collection.chunk_count += len(chunks)
+        collection.lexeme_total += lexemes
+        if collection.bm25_avgdl <= 0:
+            collection.bm25_avgdl = avgdl
+        collection.save(update_fields=["chunk_count", "lexeme_total", "bm25_avgdl"])
+        Document.objects.filter(pk=document.pk).update(
+            status=Document.Status.INDEXED,
+            sha256=text_sha256,
+            title=title,
+            metadata=metadata,
+            error="",
+            chunks_total=len(chunks),
+            chunks_embedded=len(chunks),
+            indexed_at=timezone.now(),
+            updated_at=timezone.now(),
+        )
+    document.refresh_from_db()
+    return True
+
+
+def chunks_remove(document_id: int, collection: Collection) -> None:
+    """Remove a document's chunks and their share of the collection's BM25 statistics.
+
+    Runs inside the caller's transaction with the collection row locked.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH terms AS (
+                SELECT DISTINCT c.id, search_term_index(u.lexeme) AS term,
+                       coalesce(array_length(u.positions, 1), 1) AS tf, u.lexeme
+                FROM search_chunk c, unnest(c.tsv) u
+                WHERE c.document_id = %(document)s AND search_bm25_lexeme(u.lexeme)
+            ), removed AS (
+                UPDATE search_termstat t SET df = t.df - r.n
+                FROM (SELECT term, count(DISTINCT id) AS n FROM terms GROUP BY term) r
+                WHERE t.collection_id = %(collection)s AND t.term = r.term
+            )
+            SELECT (SELECT count(*) FROM search_chunk WHERE document_id = %(document)s), coalesce(sum(tf), 0)
+            FROM terms
+            """,
+            {"document": document_id, "collection": collection.pk},
+        )
+        chunk_count, lexemes = cursor.fetchone()
+        if not chunk_count:
+            return
+        cursor.execute("DELETE FROM search_chunk WHERE document_id = %s", [document_id])
+        cursor.execute("DELETE FROM search_termstat WHERE collection_id = %s AND df <= 0", [collection.pk])
+    collection.chunk_count = max(0, collection.chunk_count - int(chunk_count))
+    collection.lexeme_total = max(0, collection.lexeme_total - int(lexemes))
+    collection.save(update_fields=["chunk_count", "lexeme_total"])
+
+
+def _refresh_bm25_if_drifted(collection_id: int) -> None:
+    collection = Collection.objects.get(pk=collection_id)
+    if not collection.chunk_count or collection.bm25_avgdl <= 0:
+        return
+    current = collection.lexeme_total / collection.chunk_count
+    if abs(current - collection.bm25_avgdl) / collection.bm25_avgdl > AVGDL_DRIFT_LIMIT:
+        from search.tasks import collection_bm25_refresh
+
+        transaction.on_commit(lambda: collection_bm25_refresh.delay(collection_id))
+
+
+def collection_bm25_refresh(*, collection_id: int, batch_size: int = 5000) -> float:
+    """Recompute every chunk's BM25 weights with the collection's current average length.
+
+    Runs in batches (each its own transaction) so that searches keep working; returns the
+    new average length.
+    """
+    collection = Collection.objects.get(pk=collection_id)
+    avgdl = collection.lexeme_total / collection.chunk_count if collection.chunk_count else 0.0
+    if avgdl <= 0:
+        return 0.0
+    last_id = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                """
+                WITH batch AS (
+                    SELECT id FROM search_chunk WHERE collection_id = %(collection)s AND id > %(last)s
+                    ORDER BY id LIMIT %(size)s
+                )
+                UPDATE search_chunk c
+                SET bm25 = search_bm25_document_vector(c.tsv, %(avgdl)s, %(k1)s, %(b)s)
+                FROM batch WHERE c.id = batch.id
+                RETURNING c.id
+                """,
+                {
+                    "collection": collection_id,
+                    "last": last_id,
+                    "size": batch_size,
+                    "avgdl": avgdl,
+                    "k1": settings.BM25_K1,
+                    "b": settings.BM25_B,
+                },
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            break
+        last_id = max(ids)
+    Collection.objects.filter(pk=collection_id).update(bm25_avgdl=avgdl)
+    return avgdl

@@ -1,0 +1,66 @@
+"""``manage.py ingest PATH...``: load files, folders or BEIR corpora into a collection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Count
+from tqdm import tqdm
+
+from search.beir import is_beir_dir
+from search.embedders import DEFAULT_EMBEDDER
+from search.ingest import bulk
+from search.models import Document
+from search.services import collection_create, workspace_create
+
+
+class Command(BaseCommand):
+    help = "Ingest files, folders and BEIR-layout corpora (corpus.jsonl) into a collection, with a progress bar."
+
+    def add_arguments(self, parser):
+        parser.add_argument("paths", nargs="+", type=Path)
+        parser.add_argument("--workspace", default="demo", help="Workspace slug (created if missing).")
+        parser.add_argument("--collection", default="Documents", help="Collection name (created if missing).")
+        parser.add_argument("--model", default=DEFAULT_EMBEDDER, help="Embedding model for a new collection.")
+        parser.add_argument("--language", default="english", help="Text-search configuration for a new collection.")
+        parser.add_argument(
+            "--queue", action="store_true", help="Enqueue on the ingest queue instead of ingesting in this process."
+        )
+
+    def handle(self, *args, paths, workspace, collection, model, language, queue, **options):
+        ws = workspace_create(name=workspace.title(), slug=workspace)
+        target = collection_create(workspace=ws, name=collection, embedding_model=model, text_search_config=language)
+        new_ids: list[int] = []
+        refused: list[str] = []
+        for path in paths:
+            if path.is_dir() and is_beir_dir(path):
+                ids, rejected = bulk.beir_store(target, path)
+                new_ids += ids
+                refused += rejected
+            else:
+                try:
+                    ids, rejected = bulk.files_store(target, bulk.files_under([path]))
+                except FileNotFoundError as exc:
+                    raise CommandError(str(exc)) from None
+                new_ids += ids
+                refused += rejected
+        for reason in refused:
+            self.stderr.write(f"refused: {reason}")
+        todo = bulk.pending(target)
+        self.stdout.write(f"{len(new_ids)} new documents; {len(todo)} to ingest into {ws.slug}/{target.name}")
+        if queue:
+            from search.tasks import document_ingest
+
+            for pk in todo:
+                document_ingest.delay(pk)
+            self.stdout.write(f"queued {len(todo)} documents on the ingest queue")
+            return
+        with tqdm(total=len(todo), unit="doc", desc="ingest", disable=not todo) as bar:
+            bulk.ingest_in_batches(todo, on_documents_done=bar.update)
+        counts = dict(
+            Document.objects.filter(collection=target).values_list("status").annotate(n=Count("pk")).order_by()
+        )
+        self.stdout.write(f"collection {target.name}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        for document in Document.objects.filter(collection=target, status=Document.Status.FAILED, pk__in=todo):
+            self.stderr.write(f"failed: {document.source_name}: {document.error}")

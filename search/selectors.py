@@ -1,0 +1,293 @@
+"""Reads for the search app. ``chunk_search`` is the one retrieval service that the UI,
+the REST API, the answer pipeline and ``eval_retrieval`` all call.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from search.embedders import query_embedding
+from search.models import Collection, Workspace
+from search.query_syntax import query_parse
+from search.vector_indexes import dense_distance_sql
+
+MODES = ("hybrid", "dense", "keyword")
+# ts_headline marks matches with these; the text is HTML-escaped afterwards and only
+# then are they turned into <mark>, so document text can never inject markup.
+_MARK_START, _MARK_END = "\x02", "\x03"
+
+
+class SearchError(Exception):
+    """A search that cannot run as asked (unknown mode, collections of mixed models...)."""
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    chunk_id: int
+    document_id: int
+    document_title: str
+    collection_id: int
+    ordinal: int
+    text: str
+    start_offset: int
+    end_offset: int
+    score: float
+    dense_rank: int | None
+    keyword_rank: int | None
+    snippet_html: str
+
+
+@dataclass
+class SearchResult:
+    query: str
+    mode: str
+    hits: list[SearchHit]
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+def _collections_for(workspace: Workspace | None, collection_ids: list[int] | None) -> list[Collection]:
+    queryset = Collection.objects.all()
+    if workspace is not None:
+        queryset = queryset.filter(workspace=workspace)
+    if collection_ids is not None:
+        queryset = queryset.filter(pk__in=collection_ids)
+    collections = list(queryset.order_by("pk"))
+    if collection_ids is not None and len(collections) != len(set(collection_ids)):
+        missing = sorted(set(collection_ids) - {c.pk for c in collections})
+        raise SearchError(f"unknown collection ids: {', '.join(map(str, missing))}")
+    return collections
+
+
+def chunk_search(
+    *,
+    query: str,
+    workspace: Workspace | None,
+    collection_ids: list[int] | None = None,
+    mode: str = "hybrid",
+    top_k: int = 10,
+    metadata: dict | None = None,
+    per_document: bool = False,
+    candidates: int | None = None,
+    rrf_k: int | None = None,
+    dense_weight: float | None = None,
+    keyword_weight: float | None = None,
+    ef_search: int | None = None,
+    snippets: bool = True,
+) -> SearchResult:
+    """Search chunks of a workspace's collections, best first.
+
+    - ``mode``: ``dense`` (HNSW cosine), ``keyword`` (BM25 over PostgreSQL full text) or
+      ``hybrid`` (both, fused by weighted reciprocal rank), in one SQL statement.
+    - ``metadata``: documents whose metadata contains these keys and values.
+    - ``per_document``: at most one hit per document (its best chunk).
+    - ``workspace=None`` searches across tenants: for management commands only.
+    """
+    if mode not in MODES:
+        raise SearchError(f"unknown search mode {mode!r}: use one of {', '.join(MODES)}")
+    query = query.strip()
+    if not query:
+        raise SearchError("the query is empty")
+    top_k = max(1, min(int(top_k), 1000))
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    collections = _collections_for(workspace, collection_ids)
+    if not collections:
+        return SearchResult(query=query, mode=mode, hits=[], timings_ms={"total": 0.0})
+    models = {(c.embedding_model, c.embedding_dimensions) for c in collections}
+    configs = {c.text_search_config for c in collections}
+    if mode != "keyword" and len(models) > 1:
+        raise SearchError("these collections use different embedding models; search them separately")
+    if mode != "dense" and len(configs) > 1:
+        raise SearchError("these collections use different text-search languages; search them separately")
+    model, dimensions = next(iter(models))
+    config = next(iter(configs))
+
+    candidates = max(top_k, candidates or settings.SEARCH_CANDIDATES)
+    params: dict = {
+        "collections": [c.pk for c in collections],
+        "candidates": candidates,
+        "limit": candidates if per_document else top_k,
+        "top_k": top_k,
+        "config": config,
+        "rrf_k": float(rrf_k or settings.SEARCH_RRF_K),
+        "dense_weight": float(settings.SEARCH_DENSE_WEIGHT if dense_weight is None else dense_weight),
+        "keyword_weight": float(settings.SEARCH_KEYWORD_WEIGHT if keyword_weight is None else keyword_weight),
+        "mark": f"StartSel={_MARK_START}, StopSel={_MARK_END}, MaxWords=40, MinWords=20, MaxFragments=2, "
+        f'FragmentDelimiter=" … "',
+    }
+    metadata_sql = ""
+    if metadata:
+        import json
+
+        params["metadata"] = json.dumps(metadata)
+        metadata_sql = (
+            " AND EXISTS (SELECT 1 FROM search_document d WHERE d.id = c.document_id"
+            " AND d.metadata @> %(metadata)s::jsonb)"
+        )
+
+    parsed = query_parse(query)
+    params["rank_text"] = parsed.rank_text
+    params["required"] = parsed.required_websearch
+    params["optional"] = parsed.optional_websearch
+    params["highlight"] = parsed.highlight_websearch
+    filter_sql = _keyword_filter_sql(parsed)
+    use_dense = mode in ("dense", "hybrid")
+    use_keyword = mode in ("keyword", "hybrid") and filter_sql is not None
+
+    def best_per_document(cte: str, order: str) -> str:
+        # Per document, each ranking keeps the document's best chunk before fusion: a
+        # document is ranked by its best passage in each list, as the evaluation defines.
+        if not per_document:
+            return cte
+        return f"(SELECT DISTINCT ON (document_id) * FROM {cte} ORDER BY document_id, {order}, id) AS best"
+
+    ctes = []
+    if use_dense:
+        embed_started = time.perf_counter()
+        params["query_vector"] = "[" + ",".join(f"{x:.7g}" for x in query_embedding(model, query)) + "]"
+        timings["embed"] = (time.perf_counter() - embed_started) * 1000
+        distance = dense_distance_sql(dimensions)
+        # MATERIALIZED + re-sort: with iterative index scans the index returns rows in
+        # relaxed order (pgvector's documented pattern).
+        ctes.append(f"""
+        dense AS MATERIALIZED (
+            SELECT c.id, c.document_id, {distance} AS distance
+            FROM search_chunk c
+            WHERE c.collection_id = ANY(%(collections)s) AND c.embedding_dimensions = {int(dimensions)}{metadata_sql}
+            ORDER BY {distance}
+            LIMIT %(candidates)s
+        ),
+        dense_ranked AS (
+            SELECT id, document_id, row_number() OVER (ORDER BY distance, id) AS rank, 1 - distance AS score
+            FROM {best_per_document("dense", "distance")}
+        )""")
+    if use_keyword:
+        ctes.append(f"""
+        query_terms AS (
+            SELECT DISTINCT search_term_index(u.lexeme) AS term
+            FROM unnest(to_tsvector(%(config)s::regconfig, search_text_normalize(%(rank_text)s))) u
+            WHERE search_bm25_lexeme(u.lexeme)
+        ),
+        term_stats AS (
+            SELECT q.term, coalesce(sum(t.df), 0) AS df
+            FROM query_terms q
+            LEFT JOIN search_termstat t ON t.term = q.term AND t.collection_id = ANY(%(collections)s)
+            GROUP BY q.term
+        ),
+        query_bm25 AS (
+            -- Query side of BM25: the IDF of each query term, as a sparse vector.
+            SELECT format('{{%%s}}/1000000000', coalesce(string_agg(
+                       s.term || ':' || ln(1 + (n.total - s.df + 0.5) / (s.df + 0.5)), ',' ORDER BY s.term), '')
+                   )::sparsevec AS vector
+            FROM term_stats s,
+                 (SELECT coalesce(sum(chunk_count), 0) AS total FROM search_collection
+                  WHERE id = ANY(%(collections)s)) n
+        ),
+        keyword AS MATERIALIZED (
+            SELECT c.id, c.document_id, (c.bm25 <#> q.vector) AS negative_score
+            FROM search_chunk c, query_bm25 q
+            WHERE c.collection_id = ANY(%(collections)s) AND c.tsv @@ {filter_sql}{metadata_sql}
+            ORDER BY c.bm25 <#> q.vector, c.id
+            LIMIT %(candidates)s
+        ),
+        keyword_ranked AS (
+            SELECT id, document_id, row_number() OVER (ORDER BY negative_score, id) AS rank, -negative_score AS score
+            FROM {best_per_document("keyword", "negative_score")}
+        )""")
+    if not ctes:
+        return SearchResult(query=query, mode=mode, hits=[], timings_ms={"total": 0.0})
+
+    if use_dense and use_keyword:
+        join = "document_id" if per_document else "id"
+        fused = f"""
+        fused AS (
+            -- Weighted reciprocal-rank fusion. Per document, the keyword list's chunk is shown
+            -- when there is one (its matched terms can be highlighted).
+            SELECT coalesce(k.id, d.id) AS id, coalesce(d.document_id, k.document_id) AS document_id,
+                   d.rank AS dense_rank, k.rank AS keyword_rank,
+                   coalesce(%(dense_weight)s / (%(rrf_k)s + d.rank), 0)
+                 + coalesce(%(keyword_weight)s / (%(rrf_k)s + k.rank), 0) AS score
+            FROM dense_ranked d FULL OUTER JOIN keyword_ranked k ON d.{join} = k.{join}
+        )"""
+    elif use_dense:
+        fused = """
+        fused AS (SELECT id, document_id, rank AS dense_rank, NULL::bigint AS keyword_rank, score FROM dense_ranked)"""
+    else:
+        fused = """
+        fused AS (
+            SELECT id, document_id, NULL::bigint AS dense_rank, rank AS keyword_rank, score FROM keyword_ranked
+        )"""
+    ctes.append(fused)
+    ctes.append("""
+        top AS (SELECT * FROM fused ORDER BY score DESC, id LIMIT %(top_k)s)""")
+
+    snippet_query = "websearch_to_tsquery(%(config)s::regconfig, %(highlight)s)"
+    snippet_sql = f"ts_headline(c.ts_config, c.text, {snippet_query}, %(mark)s)" if snippets else "''"
+    sql = (
+        "WITH "
+        + ",".join(ctes)
+        + f"""
+        SELECT t.id, t.document_id, doc.title, c.collection_id, c.ordinal, c.text, c.start_offset, c.end_offset,
+               t.score, t.dense_rank, t.keyword_rank, {snippet_sql}
+        FROM top t
+        JOIN search_chunk c ON c.id = t.id
+        JOIN search_document doc ON doc.id = t.document_id
+        ORDER BY t.score DESC, t.id
+        """
+    )
+    query_started = time.perf_counter()
+    ef = max(ef_search or settings.HNSW_EF_SEARCH, candidates)
+    with transaction.atomic(), connection.cursor() as cursor:
+        # SET LOCAL: these hold for this transaction only, so pooled connections are unaffected.
+        cursor.execute(
+            f"SET LOCAL hnsw.ef_search = {int(min(ef, 1000))};"
+            " SET LOCAL hnsw.iterative_scan = relaxed_order;"
+            " SET LOCAL client_min_messages = warning"
+        )
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    timings["sql"] = (time.perf_counter() - query_started) * 1000
+    hits = [
+        SearchHit(
+            chunk_id=row[0],
+            document_id=row[1],
+            document_title=row[2],
+            collection_id=row[3],
+            ordinal=row[4],
+            text=row[5],
+            start_offset=row[6],
+            end_offset=row[7],
+            score=float(row[8]),
+            dense_rank=row[9],
+            keyword_rank=row[10],
+            snippet_html=_snippet_html(row[11]) if snippets else "",
+        )
+        for row in rows
+    ]
+    timings["total"] = (time.perf_counter() - started) * 1000
+    return SearchResult(query=query, mode=mode, hits=hits, timings_ms=timings)
+
+
+def _keyword_filter_sql(parsed) -> str | None:
+    """The tsquery a keyword candidate must match, or None when nothing can match."""
+    if not parsed.optional and not parsed.phrases:
+        return None  # only exclusions (or nothing): keyword search has nothing to look for
+    required = "websearch_to_tsquery(%(config)s::regconfig, %(required)s)"
+    optional = "websearch_to_tsquery(%(config)s::regconfig, %(optional)s)"
+    if parsed.phrases and parsed.optional:
+        return f"({required} && {optional})"
+    if parsed.phrases:
+        return required
+    if parsed.excluded:
+        return f"({required} && {optional})"
+    return optional
+
+
+def _snippet_html(headline: str) -> str:
+    escaped = html.escape(" ".join(headline.split()))
+    return escaped.replace(_MARK_START, "<mark>").replace(_MARK_END, "</mark>")
