@@ -192,6 +192,7 @@ def chunk_search(
             SELECT c.id, c.document_id, (c.bm25 <#> q.vector) AS negative_score
             FROM search_chunk c, query_bm25 q
             WHERE c.collection_id = ANY(%(collections)s) AND c.tsv @@ {filter_sql}{metadata_sql}
+              AND (c.bm25 <#> q.vector) < 0  -- at least one ranked term matches
             ORDER BY c.bm25 <#> q.vector, c.id
             LIMIT %(candidates)s
         ),

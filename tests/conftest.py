@@ -46,7 +46,9 @@ class WorkerProcess:
 
 
 @contextmanager
-def celery_worker(queues: list[str], tmp_path: Path, *, concurrency: int = 1) -> Iterator[WorkerProcess]:
+def celery_worker(
+    queues: list[str], tmp_path: Path, *, concurrency: int = 1, env: dict[str, str] | None = None
+) -> Iterator[WorkerProcess]:
     """A real Celery worker in its own process group, on the test database and Redis.
 
     Yields once the worker answers a broadcast ping, so tests never race its start-up.
@@ -55,7 +57,7 @@ def celery_worker(queues: list[str], tmp_path: Path, *, concurrency: int = 1) ->
 
     name = f"test-{uuid.uuid4().hex[:8]}@localhost"
     log_path = tmp_path / f"{name.split('@')[0]}.log"
-    env = dict(os.environ, DATABASE_URL=database_url_for_current_test_db(), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, DATABASE_URL=database_url_for_current_test_db(), PYTHONUNBUFFERED="1", **(env or {}))
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [

@@ -269,10 +269,14 @@ def _chunks_write(document, chunks, vectors, embedder, text_sha256, title, metad
                 "CREATE TEMP TABLE search_chunk_staging (ordinal int, text text, start_offset int,"
                 " end_offset int, token_count int, embedding vector) ON COMMIT DROP"
             )
-            with cursor.copy(
-                "COPY search_chunk_staging (ordinal, text, start_offset, end_offset, token_count, embedding)"
-                " FROM STDIN WITH (FORMAT BINARY)"
-            ) as copy:
+            # COPY goes to psycopg directly; wrap it so its errors become Django's.
+            with (
+                connection.wrap_database_errors,
+                cursor.copy(
+                    "COPY search_chunk_staging (ordinal, text, start_offset, end_offset, token_count, embedding)"
+                    " FROM STDIN WITH (FORMAT BINARY)"
+                ) as copy,
+            ):
                 copy.set_types(["int4", "text", "int4", "int4", "int4", "vector"])
                 for chunk, vector in zip(chunks, vectors, strict=True):
                     copy.write_row((chunk.ordinal, chunk.text, chunk.start, chunk.end, chunk.token_count, vector))

@@ -1,0 +1,489 @@
+"""Search at scale: HNSW recall and search latency on a large collection.
+
+    python -m benchmarks.search_scale [--n 100000] [--queries 225] [--keep]
+
+Method
+------
+Database. Everything happens in a dedicated database, ``ragsite_bench_scale``, on the
+PostgreSQL server the project uses (``DATABASE_URL``, else the embedded server under
+``var/``), so that the HNSW index can be dropped and rebuilt freely. It is created fresh
+(dropped first if a previous ``--keep`` run left it), migrated, and dropped again at the
+end unless ``--keep``.
+
+Vectors. Uniform random vectors make every neighbour equally far away and say nothing
+about a real index. Instead the Cranfield corpus is split into passages of 2-3 sentences
+(a few thousand "base" passages), embedded with the project's embedder
+(all-MiniLM-L6-v2, exactly as the pipeline does: title, then passage). Row ``i`` of the
+collection is ``normalise(base[j] + noise)`` with ``j`` drawn at random and Gaussian
+noise scaled so that a row's cosine to its base is about 0.875 (the measured mean is
+reported as ``perturbation_cosine``): the data keeps the cluster structure of real
+sentence embeddings, with near-duplicates around each passage. Each row's text is its
+base passage, so BM25 statistics (document frequencies, lengths) are realistic. The
+random seed is fixed.
+
+Load. One workspace and collection (all-MiniLM-L6-v2, 384 dimensions) and documents of
+100 chunks each. The HNSW index is dropped, then all chunks are written as the ingestion
+pipeline writes them (binary COPY into a staging table, then ``INSERT ... SELECT``
+computing the BM25 document vectors in SQL with the collection's average length), the
+term statistics are filled in one statement and the collection's BM25 statistics set.
+After ``VACUUM ANALYZE`` the HNSW index is built once (``load_s`` and ``index_build_s``
+are timed separately).
+
+Queries. The Cranfield queries, their embeddings pre-warmed in the Redis cache. After
+one untimed pass, each query is run through ``chunk_search`` (top 10, snippets on) in
+the hybrid, dense and keyword modes; the latency of a query is the service's
+``total`` minus its ``embed`` time (the query embedding is excluded). p50/p99 per mode.
+
+Recall. For each query, the dense search's top 10 is compared with an exact scan
+(``ORDER BY embedding <=> q`` in fp32 over the stored vectors, index and bitmap scans
+disabled): ``recall@10`` is the mean share of the exact top 10 that the index found.
+The exact scan is timed too (the statement alone), and ``speedup_vs_exact`` =
+exact p50 / dense p50, both measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import re
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+from tqdm import tqdm
+
+from benchmarks.common import CRANFIELD, django_setup, report
+
+DATABASE = "ragsite_bench_scale"
+MODEL = "all-MiniLM-L6-v2"
+DIMENSIONS = 384
+CHUNKS_PER_DOCUMENT = 100
+TARGET_COSINE = 0.875  # a perturbed row's cosine to its base passage
+SEED = 20240611
+MODES = ("hybrid", "dense", "keyword")
+# Cranfield sentences end in " ." (tokenised text).
+_SENTENCE_END = re.compile(r"(?<=\s\.)\s+")
+
+
+# --------------------------------------------------------------------------- database
+
+
+def server_url() -> str:
+    """The URL of the project's database (starting the embedded server if that is the one)."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    from ragsite import embedded
+
+    return embedded.postgres_url()
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def database_recreate(url: str) -> None:
+    """Create the benchmark database, dropping a leftover of an earlier --keep run first."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
+
+
+def database_drop(url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
+
+
+# --------------------------------------------------------------------------- data
+
+
+def passages_read(limit: int) -> list[tuple[str, str]]:
+    """(title, passage) pairs: each Cranfield document split into passages of 2-3 sentences."""
+    from search.beir import corpus_read
+
+    passages = []
+    for doc in corpus_read(CRANFIELD):
+        sentences = [s.strip() for s in _SENTENCE_END.split(doc.text.strip()) if s.strip()]
+        if not sentences:
+            continue
+        groups = math.ceil(len(sentences) / 3)
+        for part in np.array_split(np.arange(len(sentences)), groups):
+            passages.append((doc.title.strip(), " ".join(sentences[i] for i in part)))
+    return passages[:limit]
+
+
+def base_embed(passages: list[tuple[str, str]]) -> tuple[np.ndarray, list[int]]:
+    """Embed each passage as the pipeline would (title + passage); also count its tokens."""
+    from search.embedders import embedder_get
+    from search.ingest.chunking import TextChunk
+    from search.ingest.pipeline import EMBED_GROUP, embedding_input
+
+    embedder = embedder_get(MODEL)
+    inputs = [embedding_input(title, TextChunk(0, text, 0, len(text), 0)) for title, text in passages]
+    vectors = []
+    with tqdm(total=len(inputs), desc="embed base passages", unit="text") as bar:
+        for start in range(0, len(inputs), EMBED_GROUP):
+            vectors.append(embedder.embed_documents(inputs[start : start + EMBED_GROUP]))
+            bar.update(len(inputs[start : start + EMBED_GROUP]))
+    tokens = [len(embedder.token_offsets(text)) for _, text in passages]
+    return np.concatenate(vectors).astype(np.float32), tokens
+
+
+def rows_make(base: np.ndarray, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, float]:
+    """N perturbed copies of random base vectors: (base index per row, unit vectors, mean cosine).
+
+    For unit b and noise ~ N(0, s^2 I) in d dimensions, cos(b + noise, b) ~ 1 / sqrt(1 + d s^2),
+    so s = sqrt((1 / c^2 - 1) / d) aims at cosine c.
+    """
+    dims = base.shape[1]
+    sigma = math.sqrt((1 / TARGET_COSINE**2 - 1) / dims)
+    picks = rng.integers(0, len(base), size=n)
+    vectors = base[picks] + rng.standard_normal((n, dims), dtype=np.float32) * np.float32(sigma)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    cosine = float(np.mean(np.einsum("ij,ij->i", vectors, base[picks])))
+    return picks, vectors, cosine
+
+
+# --------------------------------------------------------------------------- load
+
+
+def collection_load(collection, passages, tokens, picks, vectors) -> dict[str, float]:
+    """Write documents and chunks the way the pipeline does, in bulk; returns the timings of each step."""
+    from django.conf import settings
+    from django.db import connection, transaction
+    from django.utils import timezone
+    from pgvector.psycopg import register_vector
+
+    from search.models import Collection, Document
+    from search.vector_indexes import index_name
+
+    steps: dict[str, float] = {}
+    n = len(picks)
+    started = time.perf_counter()
+    now = timezone.now()
+    spans = [(start, min(start + CHUNKS_PER_DOCUMENT, n)) for start in range(0, n, CHUNKS_PER_DOCUMENT)]
+    documents = []
+    for number, (start, end) in enumerate(spans):
+        digest = hashlib.sha256(f"{DATABASE}:{collection.pk}:{number}".encode()).hexdigest()
+        documents.append(
+            Document(
+                collection=collection,
+                title=f"Synthetic document {number}",
+                source_name=f"scale-{number:06d}.txt",
+                media_type="text/plain",
+                file=f"bench/scale-{number:06d}.txt",
+                size_bytes=sum(len(passages[j][1]) + 1 for j in picks[start:end]),
+                content_sha256=digest,
+                sha256=digest,
+                status=Document.Status.INDEXED,
+                chunks_total=end - start,
+                chunks_embedded=end - start,
+                attempts=1,
+                indexed_at=now,
+            )
+        )
+    documents = Document.objects.bulk_create(documents, batch_size=1000)
+    steps["documents"] = time.perf_counter() - started
+
+    params = {
+        "collection": collection.pk,
+        "config": collection.text_search_config,
+        "model": MODEL,
+        "dims": DIMENSIONS,
+        "k1": settings.BM25_K1,
+        "b": settings.BM25_B,
+    }
+    # pgvector's binary COPY support, registered before the cursor is opened (cursors copy the adapters).
+    connection.ensure_connection()
+    register_vector(connection.connection)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"DROP INDEX IF EXISTS {index_name(DIMENSIONS)}")
+        cursor.execute("SET LOCAL work_mem = '256MB'")
+
+        begun = time.perf_counter()
+        cursor.execute(
+            "CREATE TEMP TABLE search_chunk_staging (document_id bigint, ordinal int, text text,"
+            " start_offset int, end_offset int, token_count int, embedding vector) ON COMMIT DROP"
+        )
+        with (
+            cursor.copy(
+                "COPY search_chunk_staging (document_id, ordinal, text, start_offset, end_offset, token_count,"
+                " embedding) FROM STDIN WITH (FORMAT BINARY)"
+            ) as copy,
+            tqdm(total=n, desc="copy chunks", unit="row") as bar,
+        ):
+            copy.set_types(["int8", "int4", "text", "int4", "int4", "int4", "vector"])
+            for document, (start, end) in zip(documents, spans, strict=True):
+                offset = 0
+                for ordinal, row in enumerate(range(start, end)):
+                    j = picks[row]
+                    text = passages[j][1]
+                    copy.write_row((document.pk, ordinal, text, offset, offset + len(text), tokens[j], vectors[row]))
+                    offset += len(text) + 1
+                bar.update(end - start)
+        steps["copy"] = time.perf_counter() - begun
+
+        # The average length (in counted lexemes) that the BM25 weights are computed with.
+        begun = time.perf_counter()
+        cursor.execute(
+            "SELECT avg((SELECT sum(coalesce(array_length(u.positions, 1), 1))"
+            " FROM unnest(to_tsvector(%(config)s::regconfig, search_text_normalize(s.text))) u"
+            " WHERE search_bm25_lexeme(u.lexeme))) FROM search_chunk_staging s",
+            params,
+        )
+        params["avgdl"] = float(cursor.fetchone()[0] or 1.0)
+        cursor.execute(
+            """
+            INSERT INTO search_chunk (document_id, collection_id, ordinal, text, start_offset, end_offset,
+                                      token_count, embedding_model, embedding_dimensions, embedding, ts_config, bm25)
+            SELECT s.document_id, %(collection)s, s.ordinal, s.text, s.start_offset, s.end_offset, s.token_count,
+                   %(model)s, %(dims)s, s.embedding, %(config)s::regconfig,
+                   search_bm25_document_vector(
+                       to_tsvector(%(config)s::regconfig, search_text_normalize(s.text)), %(avgdl)s, %(k1)s, %(b)s
+                   )
+            FROM search_chunk_staging s
+            ORDER BY s.document_id, s.ordinal
+            """,
+            params,
+        )
+        steps["insert"] = time.perf_counter() - begun
+
+        # Document frequency per hashed lexeme, and the collection's total of counted lexemes.
+        begun = time.perf_counter()
+        cursor.execute(
+            """
+            WITH terms AS (
+                SELECT c.id, search_term_index(u.lexeme) AS term, coalesce(array_length(u.positions, 1), 1) AS tf
+                FROM search_chunk c, unnest(c.tsv) u
+                WHERE c.collection_id = %(collection)s AND search_bm25_lexeme(u.lexeme)
+            ), added AS (
+                INSERT INTO search_termstat (collection_id, term, df)
+                SELECT %(collection)s, term, count(DISTINCT id) FROM terms GROUP BY term ORDER BY term
+            )
+            SELECT coalesce(sum(tf), 0) FROM terms
+            """,
+            params,
+        )
+        lexemes = int(cursor.fetchone()[0])
+        Collection.objects.filter(pk=collection.pk).update(
+            chunk_count=n, lexeme_total=lexemes, bm25_avgdl=params["avgdl"]
+        )
+        steps["termstat"] = time.perf_counter() - begun
+
+    begun = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE search_chunk")
+        cursor.execute("ANALYZE search_termstat")
+        cursor.execute("ANALYZE search_document")
+    steps["vacuum_analyze"] = time.perf_counter() - begun
+    steps["avgdl"] = params["avgdl"]
+    return steps
+
+
+def index_build() -> float:
+    """Build the HNSW index over the loaded rows; returns seconds."""
+    from django.db import connection
+
+    from search.vector_indexes import create_index_sql
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET maintenance_work_mem = '1GB'")
+        cursor.execute("SET max_parallel_maintenance_workers = 1")
+        started = time.perf_counter()
+        cursor.execute(create_index_sql(DIMENSIONS))
+        seconds = time.perf_counter() - started
+        cursor.execute("RESET maintenance_work_mem")
+        cursor.execute("RESET max_parallel_maintenance_workers")
+    return seconds
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+def percentiles(values: list[float]) -> tuple[float, float]:
+    return float(np.percentile(values, 50)), float(np.percentile(values, 99))
+
+
+class StatementCapture:
+    """A Django execute wrapper keeping the last search statement (for EXPLAIN of slow queries)."""
+
+    def __init__(self):
+        self.last: tuple[str, object] | None = None
+
+    def __call__(self, execute, sql, params, many, context):
+        if sql.lstrip().startswith("WITH"):
+            self.last = (sql, params)
+        return execute(sql, params, many, context)
+
+
+def searches_time(queries, workspace, collection, capture) -> dict[str, dict]:
+    """Per mode: latencies (ms, embedding excluded), the hit ids and the statement of each query."""
+    from django.db import connection
+
+    from search.selectors import chunk_search
+
+    measured: dict[str, dict] = {}
+    for mode in MODES:
+        for text in tqdm(queries, desc=f"warm-up {mode}", unit="query", leave=False):
+            chunk_search(query=text, workspace=workspace, collection_ids=[collection.pk], mode=mode, top_k=10)
+        latencies, hits, statements = [], [], []
+        with connection.execute_wrapper(capture):
+            for text in tqdm(queries, desc=f"search {mode}", unit="query"):
+                result = chunk_search(
+                    query=text, workspace=workspace, collection_ids=[collection.pk], mode=mode, top_k=10, snippets=True
+                )
+                latencies.append(result.timings_ms["total"] - result.timings_ms.get("embed", 0.0))
+                hits.append([hit.chunk_id for hit in result.hits])
+                statements.append(capture.last)
+        measured[mode] = {"latencies": latencies, "hits": hits, "statements": statements}
+    return measured
+
+
+def exact_search(collection, vectors: list[np.ndarray]) -> tuple[list[list[int]], list[float]]:
+    """The exact fp32 cosine top 10 for each query vector, by a sequential scan; with its timings."""
+    from django.db import connection, transaction
+
+    statement = "SELECT id FROM search_chunk WHERE collection_id = %s ORDER BY embedding <=> %s::vector LIMIT 10"
+
+    def run(vector: np.ndarray) -> tuple[list[int], float]:
+        literal = "[" + ",".join(f"{x:.9g}" for x in vector) + "]"
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL enable_indexscan = off; SET LOCAL enable_bitmapscan = off")
+            started = time.perf_counter()
+            cursor.execute(statement, [collection.pk, literal])
+            ids = [row[0] for row in cursor.fetchall()]
+            return ids, (time.perf_counter() - started) * 1000
+
+    for vector in vectors[:5]:  # bring the table into the cache, as the warm-up pass does for the searches
+        run(vector)
+    results = [run(vector) for vector in tqdm(vectors, desc="exact scan", unit="query")]
+    return [ids for ids, _ in results], [ms for _, ms in results]
+
+
+def explain(statement) -> str:
+    """EXPLAIN ANALYZE of a captured search statement, under the selector's settings."""
+    from django.conf import settings
+    from django.db import connection, transaction
+
+    sql, params = statement
+    ef = max(settings.HNSW_EF_SEARCH, settings.SEARCH_CANDIDATES)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"SET LOCAL hnsw.ef_search = {int(min(ef, 1000))}; SET LOCAL hnsw.iterative_scan = relaxed_order"
+        )
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=100_000, help="Chunks in the collection.")
+    parser.add_argument("--queries", type=int, default=225, help="How many Cranfield queries to run.")
+    parser.add_argument("--passages", type=int, default=4000, help="At most this many base passages to embed.")
+    parser.add_argument("--keep", action="store_true", help=f"Keep the {DATABASE} database afterwards.")
+    parser.add_argument("--explain", action="store_true", help="Print EXPLAIN ANALYZE of the slowest hybrid query.")
+    args = parser.parse_args()
+
+    # A database of our own on the project's server, chosen before Django reads its settings.
+    server = server_url()
+    database_recreate(server)
+    os.environ["DATABASE_URL"] = with_database(server, DATABASE)
+    django_setup()
+
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.db import connections
+
+    try:
+        call_command("migrate", verbosity=0)
+        result = run(args, settings)
+    finally:
+        connections.close_all()
+        if not args.keep:
+            database_drop(server)
+    report("search_scale", result)
+
+
+def run(args, settings) -> dict:
+    from search.beir import queries_read
+    from search.embedders import query_embedding
+    from search.services import collection_create, workspace_create
+
+    rng = np.random.default_rng(SEED)
+    started = time.perf_counter()
+    passages = passages_read(args.passages)
+    base, tokens = base_embed(passages)
+    embed_seconds = time.perf_counter() - started
+    picks, vectors, cosine = rows_make(base, args.n, rng)
+
+    workspace = workspace_create(name="Scale benchmark", slug="bench-scale")
+    collection = collection_create(workspace=workspace, name="scale", embedding_model=MODEL)
+    assert collection.embedding_dimensions == DIMENSIONS
+    started = time.perf_counter()
+    steps = collection_load(collection, passages, tokens, picks, vectors)
+    load_seconds = time.perf_counter() - started
+    del vectors
+    index_seconds = index_build()
+    collection.refresh_from_db()
+
+    queries = list(queries_read(CRANFIELD).values())[: args.queries]
+    query_vectors = [query_embedding(MODEL, text) for text in queries]  # warms the Redis cache
+    capture = StatementCapture()
+    measured = searches_time(queries, workspace, collection, capture)
+    exact_ids, exact_ms = exact_search(collection, query_vectors)
+
+    recall = float(
+        np.mean(
+            [
+                len(set(found) & set(truth)) / 10
+                for found, truth in zip(measured["dense"]["hits"], exact_ids, strict=True)
+            ]
+        )
+    )
+    result: dict = {
+        "n": args.n,
+        "queries": len(queries),
+        "recall@10": round(recall, 4),
+    }
+    for mode in MODES:
+        p50, p99 = percentiles(measured[mode]["latencies"])
+        result[f"{mode}_p50_ms"] = round(p50, 2)
+        result[f"{mode}_p99_ms"] = round(p99, 2)
+    exact_p50, exact_p99 = percentiles(exact_ms)
+    result["exact_p50_ms"] = round(exact_p50, 2)
+    result["exact_p99_ms"] = round(exact_p99, 2)
+    result["speedup_vs_exact"] = round(exact_p50 / result["dense_p50_ms"], 1)
+    result["load_s"] = round(load_seconds, 2)
+    result["index_build_s"] = round(index_seconds, 2)
+    result["load_steps_s"] = {k: round(v, 2) for k, v in steps.items() if k != "avgdl"}
+    result["base_embed_s"] = round(embed_seconds, 2)
+    result["base_passages"] = len(passages)
+    result["documents"] = math.ceil(args.n / CHUNKS_PER_DOCUMENT)
+    result["perturbation_cosine"] = round(cosine, 4)
+    result["bm25_avgdl"] = round(collection.bm25_avgdl, 2)
+    result["ef_search"] = settings.HNSW_EF_SEARCH
+    result["candidates"] = settings.SEARCH_CANDIDATES
+    result["seed"] = SEED
+
+    if args.explain:
+        latencies = measured["hybrid"]["latencies"]
+        slowest = int(np.argmax(latencies))
+        print(f"\nslowest hybrid query ({latencies[slowest]:.1f} ms): {queries[slowest]!r}")
+        print(explain(measured["hybrid"]["statements"][slowest]), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
