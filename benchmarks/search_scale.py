@@ -63,6 +63,9 @@ CHUNKS_PER_DOCUMENT = 100
 TARGET_COSINE = 0.875  # a perturbed row's cosine to its base passage
 SEED = 20240611
 MODES = ("hybrid", "dense", "keyword")
+# The reference: exact fp32 cosine over the stored vectors, by a sequential scan.
+EXACT_SQL = "SELECT id FROM search_chunk WHERE collection_id = %s ORDER BY embedding <=> %s::vector LIMIT 10"
+EXACT_SESSION = "SET LOCAL enable_indexscan = off; SET LOCAL enable_bitmapscan = off"
 # Cranfield sentences end in " ." (tokenised text).
 _SENTENCE_END = re.compile(r"(?<=\s\.)\s+")
 
@@ -309,6 +312,10 @@ def index_build() -> float:
 # --------------------------------------------------------------------------- measurements
 
 
+def vector_literal(vector: np.ndarray) -> str:
+    return "[" + ",".join(f"{x:.9g}" for x in vector) + "]"
+
+
 def percentiles(values: list[float]) -> tuple[float, float]:
     return float(np.percentile(values, 50)), float(np.percentile(values, 99))
 
@@ -352,14 +359,11 @@ def exact_search(collection, vectors: list[np.ndarray]) -> tuple[list[list[int]]
     """The exact fp32 cosine top 10 for each query vector, by a sequential scan; with its timings."""
     from django.db import connection, transaction
 
-    statement = "SELECT id FROM search_chunk WHERE collection_id = %s ORDER BY embedding <=> %s::vector LIMIT 10"
-
     def run(vector: np.ndarray) -> tuple[list[int], float]:
-        literal = "[" + ",".join(f"{x:.9g}" for x in vector) + "]"
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("SET LOCAL enable_indexscan = off; SET LOCAL enable_bitmapscan = off")
+            cursor.execute(EXACT_SESSION)
             started = time.perf_counter()
-            cursor.execute(statement, [collection.pk, literal])
+            cursor.execute(EXACT_SQL, [collection.pk, vector_literal(vector)])
             ids = [row[0] for row in cursor.fetchall()]
             return ids, (time.perf_counter() - started) * 1000
 
@@ -369,19 +373,15 @@ def exact_search(collection, vectors: list[np.ndarray]) -> tuple[list[list[int]]
     return [ids for ids, _ in results], [ms for _, ms in results]
 
 
-def explain(statement) -> str:
-    """EXPLAIN ANALYZE of a captured search statement, under the selector's settings."""
-    from django.conf import settings
+def explain(sql: str, params, session: str) -> str:
+    """EXPLAIN ANALYZE of a statement after the session settings it ran with (vector literals shortened)."""
     from django.db import connection, transaction
 
-    sql, params = statement
-    ef = max(settings.HNSW_EF_SEARCH, settings.SEARCH_CANDIDATES)
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"SET LOCAL hnsw.ef_search = {int(min(ef, 1000))}; SET LOCAL hnsw.iterative_scan = relaxed_order"
-        )
+        cursor.execute(session)
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
-        return "\n".join(row[0] for row in cursor.fetchall())
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    return re.sub(r"'\[[-0-9.e,]{100,}\]'", "'[...]'", plan)
 
 
 # --------------------------------------------------------------------------- main
@@ -481,7 +481,11 @@ def run(args, settings) -> dict:
         latencies = measured["hybrid"]["latencies"]
         slowest = int(np.argmax(latencies))
         print(f"\nslowest hybrid query ({latencies[slowest]:.1f} ms): {queries[slowest]!r}")
-        print(explain(measured["hybrid"]["statements"][slowest]), flush=True)
+        ef = max(settings.HNSW_EF_SEARCH, settings.SEARCH_CANDIDATES)
+        session = f"SET LOCAL hnsw.ef_search = {int(min(ef, 1000))}; SET LOCAL hnsw.iterative_scan = relaxed_order"
+        print(explain(*measured["hybrid"]["statements"][slowest], session), flush=True)
+        print(f"\nexact scan, query {queries[0]!r}:")
+        print(explain(EXACT_SQL, [collection.pk, vector_literal(query_vectors[0])], EXACT_SESSION), flush=True)
     return result
 
 

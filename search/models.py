@@ -174,7 +174,7 @@ class Chunk(models.Model):
     class Meta:
         ordering = ["document_id", "ordinal"]
         constraints = [
-            models.UniqueConstraint(fields=["document", "ordinal"], name="chunk_unique_ordinal"),
+            models.UniqueConstraint(fields=["document", "embedding_model", "ordinal"], name="chunk_unique_ordinal"),
             models.CheckConstraint(condition=Q(end_offset__gt=F("start_offset")), name="chunk_offsets_ordered"),
         ]
         indexes = [

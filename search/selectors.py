@@ -110,6 +110,10 @@ def chunk_search(
     candidates = max(top_k, candidates or settings.SEARCH_CANDIDATES)
     params: dict = {
         "collections": [c.pk for c in collections],
+        # Only chunks of each collection's current model: during `reembed` a collection
+        # briefly holds chunks of two models, and a search must see one copy of each.
+        "model": model,
+        "models": sorted({c.embedding_model for c in collections}),
         "candidates": candidates,
         "limit": candidates if per_document else top_k,
         "top_k": top_k,
@@ -158,7 +162,8 @@ def chunk_search(
         dense AS MATERIALIZED (
             SELECT c.id, c.document_id, {distance} AS distance
             FROM search_chunk c
-            WHERE c.collection_id = ANY(%(collections)s) AND c.embedding_dimensions = {int(dimensions)}{metadata_sql}
+            WHERE c.collection_id = ANY(%(collections)s) AND c.embedding_dimensions = {int(dimensions)}
+              AND c.embedding_model = %(model)s{metadata_sql}
             ORDER BY {distance}
             LIMIT %(candidates)s
         ),
@@ -191,7 +196,8 @@ def chunk_search(
         keyword AS MATERIALIZED (
             SELECT c.id, c.document_id, (c.bm25 <#> q.vector) AS negative_score
             FROM search_chunk c, query_bm25 q
-            WHERE c.collection_id = ANY(%(collections)s) AND c.tsv @@ {filter_sql}{metadata_sql}
+            WHERE c.collection_id = ANY(%(collections)s) AND c.tsv @@ {filter_sql}
+              AND c.embedding_model = ANY(%(models)s){metadata_sql}
               AND (c.bm25 <#> q.vector) < 0  -- at least one ranked term matches
             ORDER BY c.bm25 <#> q.vector, c.id
             LIMIT %(candidates)s

@@ -116,7 +116,7 @@ def documents_ingest(*, document_ids: list[int], on_progress=None) -> list[Docum
 def _prepare(document: Document) -> _Prepared:
     """Parse, deduplicate and chunk one document."""
     collection = document.collection
-    data = _read_file(document)
+    data = document_bytes(document)
     parsed = parse_document(data, media_type=document.media_type)
     text_sha256 = hashlib.sha256(parsed.text.encode()).hexdigest()
     duplicate = Document.objects.filter(collection=collection, sha256=text_sha256).exclude(pk=document.pk).first()
@@ -187,7 +187,7 @@ def _embed_all(prepared: list[_Prepared], on_progress) -> None:
                 on_progress(done)
 
 
-def _read_file(document: Document) -> bytes:
+def document_bytes(document: Document) -> bytes:
     try:
         with document.file.open("rb") as handle:
             data = handle.read(settings.DOCUMENT_MAX_BYTES + 1)
@@ -251,10 +251,70 @@ def chunks_write(
     return written
 
 
+def chunks_insert(cursor, document_id: int, collection: Collection, chunks, vectors, embedder: Embedder) -> float:
+    """Binary-COPY chunks into a staging table, then insert them with their BM25 weights.
+
+    Runs inside the caller's transaction; updates no statistics. Returns the average
+    chunk length the BM25 weights were computed with.
+    """
+    cursor.execute("DROP TABLE IF EXISTS pg_temp.search_chunk_staging")
+    cursor.execute(
+        "CREATE TEMP TABLE search_chunk_staging (ordinal int, text text, start_offset int,"
+        " end_offset int, token_count int, embedding vector) ON COMMIT DROP"
+    )
+    _register_vector_types()
+    # COPY goes to psycopg directly; wrap it so its errors become Django's. A new cursor:
+    # psycopg copies type adapters into a cursor when it is created.
+    with (
+        connection.wrap_database_errors,
+        connection.cursor() as copy_cursor,
+        copy_cursor.copy(
+            "COPY search_chunk_staging (ordinal, text, start_offset, end_offset, token_count, embedding)"
+            " FROM STDIN WITH (FORMAT BINARY)"
+        ) as copy,
+    ):
+        copy.set_types(["int4", "text", "int4", "int4", "int4", "vector"])
+        for chunk, vector in zip(chunks, vectors, strict=True):
+            copy.write_row((chunk.ordinal, chunk.text, chunk.start, chunk.end, chunk.token_count, vector))
+    params = {
+        "config": collection.text_search_config,
+        "document": document_id,
+        "collection": collection.pk,
+        "model": embedder.name,
+        "dims": embedder.dimensions,
+        "k1": settings.BM25_K1,
+        "b": settings.BM25_B,
+    }
+    avgdl = collection.bm25_avgdl
+    if avgdl <= 0:
+        # The collection's first document sets the length normalisation.
+        cursor.execute(
+            "SELECT avg((SELECT sum(coalesce(array_length(u.positions, 1), 1))"
+            " FROM unnest(to_tsvector(%(config)s::regconfig, search_text_normalize(s.text))) u"
+            " WHERE search_bm25_lexeme(u.lexeme))) FROM search_chunk_staging s",
+            params,
+        )
+        avgdl = float(cursor.fetchone()[0] or 1.0)
+    params["avgdl"] = avgdl
+    cursor.execute(
+        """
+        INSERT INTO search_chunk (document_id, collection_id, ordinal, text, start_offset, end_offset,
+                                  token_count, embedding_model, embedding_dimensions, embedding, ts_config, bm25)
+        SELECT %(document)s, %(collection)s, s.ordinal, s.text, s.start_offset, s.end_offset, s.token_count,
+               %(model)s, %(dims)s, s.embedding, %(config)s::regconfig,
+               search_bm25_document_vector(
+                   to_tsvector(%(config)s::regconfig, search_text_normalize(s.text)), %(avgdl)s, %(k1)s, %(b)s
+               )
+        FROM search_chunk_staging s
+        ORDER BY s.ordinal
+        """,
+        params,
+    )
+    return avgdl
+
+
 def _chunks_write(document, chunks, vectors, embedder, text_sha256, title, metadata) -> bool:
     with transaction.atomic():
-        connection.ensure_connection()
-        _register_vector_types()
         locked = Document.objects.select_for_update().get(pk=document.pk)
         if locked.status == Document.Status.INDEXED:
             return False
@@ -264,57 +324,8 @@ def _chunks_write(document, chunks, vectors, embedder, text_sha256, title, metad
         collection = Collection.objects.select_for_update().get(pk=document.collection_id)
         chunks_remove(document.pk, collection)
         with connection.cursor() as cursor:
-            cursor.execute("DROP TABLE IF EXISTS pg_temp.search_chunk_staging")
-            cursor.execute(
-                "CREATE TEMP TABLE search_chunk_staging (ordinal int, text text, start_offset int,"
-                " end_offset int, token_count int, embedding vector) ON COMMIT DROP"
-            )
-            # COPY goes to psycopg directly; wrap it so its errors become Django's.
-            with (
-                connection.wrap_database_errors,
-                cursor.copy(
-                    "COPY search_chunk_staging (ordinal, text, start_offset, end_offset, token_count, embedding)"
-                    " FROM STDIN WITH (FORMAT BINARY)"
-                ) as copy,
-            ):
-                copy.set_types(["int4", "text", "int4", "int4", "int4", "vector"])
-                for chunk, vector in zip(chunks, vectors, strict=True):
-                    copy.write_row((chunk.ordinal, chunk.text, chunk.start, chunk.end, chunk.token_count, vector))
-            params = {
-                "config": collection.text_search_config,
-                "document": document.pk,
-                "collection": collection.pk,
-                "model": embedder.name,
-                "dims": embedder.dimensions,
-                "k1": settings.BM25_K1,
-                "b": settings.BM25_B,
-            }
-            avgdl = collection.bm25_avgdl
-            if avgdl <= 0:
-                # The collection's first document sets the length normalisation.
-                cursor.execute(
-                    "SELECT avg((SELECT sum(coalesce(array_length(u.positions, 1), 1))"
-                    " FROM unnest(to_tsvector(%(config)s::regconfig, search_text_normalize(s.text))) u"
-                    " WHERE search_bm25_lexeme(u.lexeme))) FROM search_chunk_staging s",
-                    params,
-                )
-                avgdl = float(cursor.fetchone()[0] or 1.0)
-            params["avgdl"] = avgdl
-            cursor.execute(
-                """
-                INSERT INTO search_chunk (document_id, collection_id, ordinal, text, start_offset, end_offset,
-                                          token_count, embedding_model, embedding_dimensions, embedding, ts_config,
-                                          bm25)
-                SELECT %(document)s, %(collection)s, s.ordinal, s.text, s.start_offset, s.end_offset, s.token_count,
-                       %(model)s, %(dims)s, s.embedding, %(config)s::regconfig,
-                       search_bm25_document_vector(
-                           to_tsvector(%(config)s::regconfig, search_text_normalize(s.text)), %(avgdl)s, %(k1)s, %(b)s
-                       )
-                FROM search_chunk_staging s
-                ORDER BY s.ordinal
-                """,
-                params,
-            )
+            avgdl = chunks_insert(cursor, document.pk, collection, chunks, vectors, embedder)
+            params = {"document": document.pk, "collection": collection.pk}
             cursor.execute(
                 """
                 WITH terms AS (

@@ -157,7 +157,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='chunk',
-            constraint=models.UniqueConstraint(fields=('document', 'ordinal'), name='chunk_unique_ordinal'),
+            constraint=models.UniqueConstraint(fields=('document', 'embedding_model', 'ordinal'), name='chunk_unique_ordinal'),
         ),
         migrations.AddConstraint(
             model_name='chunk',
