@@ -1,6 +1,6 @@
 """Search at scale: HNSW recall and search latency on a large collection.
 
-    python -m benchmarks.search_scale [--n 100000] [--queries 225] [--keep]
+    python -m benchmarks.search_scale [--n 100000] [--queries 225] [--keep] [--explain]
 
 Method
 ------
@@ -39,6 +39,12 @@ Recall. For each query, the dense search's top 10 is compared with an exact scan
 disabled): ``recall@10`` is the mean share of the exact top 10 that the index found.
 The exact scan is timed too (the statement alone), and ``speedup_vs_exact`` =
 exact p50 / dense p50, both measured in this run.
+
+Where recall goes. ``recall@10_by_ef_search`` repeats the dense search at larger
+``ef_search`` (loss in the graph search), and ``halfvec_exact_recall@10`` compares an
+exact search over the half-precision vectors the index stores with the fp32 one, in
+NumPy (loss from the quantisation: the best any halfvec index can do). ``--explain``
+prints EXPLAIN ANALYZE of the slowest hybrid query and of one exact scan.
 """
 
 from __future__ import annotations
@@ -167,7 +173,7 @@ def collection_load(collection, passages, tokens, picks, vectors) -> dict[str, f
     from pgvector.psycopg import register_vector
 
     from search.models import Collection, Document
-    from search.vector_indexes import index_name
+    from search.vector_indexes import BM25_INDEX_NAME, index_name
 
     steps: dict[str, float] = {}
     n = len(picks)
@@ -210,6 +216,7 @@ def collection_load(collection, passages, tokens, picks, vectors) -> dict[str, f
     register_vector(connection.connection)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"DROP INDEX IF EXISTS {index_name(DIMENSIONS)}")
+        cursor.execute(f"DROP INDEX IF EXISTS {BM25_INDEX_NAME}")
         cursor.execute("SET LOCAL work_mem = '256MB'")
 
         begun = time.perf_counter()
@@ -292,11 +299,11 @@ def collection_load(collection, passages, tokens, picks, vectors) -> dict[str, f
     return steps
 
 
-def index_build() -> float:
-    """Build the HNSW index over the loaded rows; returns seconds."""
+def index_build() -> tuple[float, float]:
+    """Build the HNSW indexes (embeddings, then BM25 vectors) over the loaded rows; returns seconds each."""
     from django.db import connection
 
-    from search.vector_indexes import create_index_sql
+    from search.vector_indexes import bm25_index_forget, create_bm25_index_sql, create_index_sql
 
     with connection.cursor() as cursor:
         cursor.execute("SET maintenance_work_mem = '1GB'")
@@ -304,9 +311,14 @@ def index_build() -> float:
         started = time.perf_counter()
         cursor.execute(create_index_sql(DIMENSIONS))
         seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        cursor.execute(create_bm25_index_sql())
+        bm25_seconds = time.perf_counter() - started
+    bm25_index_forget()
+    with connection.cursor() as cursor:
         cursor.execute("RESET maintenance_work_mem")
         cursor.execute("RESET max_parallel_maintenance_workers")
-    return seconds
+    return seconds, bm25_seconds
 
 
 # --------------------------------------------------------------------------- measurements
@@ -342,7 +354,7 @@ def searches_time(queries, workspace, collection, capture) -> dict[str, dict]:
     for mode in MODES:
         for text in tqdm(queries, desc=f"warm-up {mode}", unit="query", leave=False):
             chunk_search(query=text, workspace=workspace, collection_ids=[collection.pk], mode=mode, top_k=10)
-        latencies, hits, statements = [], [], []
+        latencies, hits, statements, paths = [], [], [], []
         with connection.execute_wrapper(capture):
             for text in tqdm(queries, desc=f"search {mode}", unit="query"):
                 result = chunk_search(
@@ -351,8 +363,27 @@ def searches_time(queries, workspace, collection, capture) -> dict[str, dict]:
                 latencies.append(result.timings_ms["total"] - result.timings_ms.get("embed", 0.0))
                 hits.append([hit.chunk_id for hit in result.hits])
                 statements.append(capture.last)
-        measured[mode] = {"latencies": latencies, "hits": hits, "statements": statements}
+                paths.append(result.keyword_path)
+        measured[mode] = {"latencies": latencies, "hits": hits, "statements": statements, "paths": paths}
     return measured
+
+
+def keyword_exact_agreement(queries, workspace, collection, indexed_hits: list[list[int]]) -> float:
+    """Mean overlap of the keyword top 10 as served with the exact BM25 top 10 (every match scored)."""
+    from django.test.utils import override_settings
+
+    from search.selectors import chunk_search
+
+    overlaps = []
+    with override_settings(SEARCH_KEYWORD_EXACT_MAX_ROWS=10**12):
+        for text, served in zip(queries, indexed_hits, strict=True):
+            exact = chunk_search(
+                query=text, workspace=workspace, collection_ids=[collection.pk], mode="keyword", top_k=10
+            )
+            exact_ids = [hit.chunk_id for hit in exact.hits]
+            if exact_ids:
+                overlaps.append(len(set(exact_ids) & set(served)) / len(exact_ids))
+    return float(np.mean(overlaps)) if overlaps else 1.0
 
 
 def exact_search(collection, vectors: list[np.ndarray]) -> tuple[list[list[int]], list[float]]:
@@ -371,6 +402,51 @@ def exact_search(collection, vectors: list[np.ndarray]) -> tuple[list[list[int]]
         run(vector)
     results = [run(vector) for vector in tqdm(vectors, desc="exact scan", unit="query")]
     return [ids for ids, _ in results], [ms for _, ms in results]
+
+
+def recall_by_ef_search(queries, workspace, collection, exact_ids, values=(200, 400)) -> dict[str, float]:
+    """Dense recall@10 at larger ef_search values: how much of the loss is the graph search."""
+    from search.selectors import chunk_search
+
+    recalls = {}
+    for ef in values:
+        found = [
+            [
+                hit.chunk_id
+                for hit in chunk_search(
+                    query=text,
+                    workspace=workspace,
+                    collection_ids=[collection.pk],
+                    mode="dense",
+                    top_k=10,
+                    ef_search=ef,
+                    snippets=False,
+                ).hits
+            ]
+            for text in tqdm(queries, desc=f"dense ef_search={ef}", unit="query", leave=False)
+        ]
+        recalls[str(ef)] = recall_at_10(found, exact_ids)
+    return recalls
+
+
+def halfvec_ceiling(vectors: np.ndarray, query_vectors: list[np.ndarray]) -> float:
+    """recall@10 of an exact search over the vectors rounded to half precision (what the index stores)
+    against the exact fp32 search, computed here in NumPy: the best any halfvec index can do."""
+
+    def top10(rows: np.ndarray, queries: np.ndarray) -> np.ndarray:
+        rows = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+        queries = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+        scores = rows @ queries.T  # (n, queries)
+        return np.argpartition(-scores, 10, axis=0)[:10].T
+
+    queries = np.stack(query_vectors).astype(np.float32)
+    exact = top10(vectors, queries)
+    half = top10(vectors.astype(np.float16).astype(np.float32), queries.astype(np.float16).astype(np.float32))
+    return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(half, exact, strict=True)]))
+
+
+def recall_at_10(found: list[list[int]], truth: list[list[int]]) -> float:
+    return float(np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, truth, strict=True)]))
 
 
 def explain(sql: str, params, session: str) -> str:
@@ -434,8 +510,7 @@ def run(args, settings) -> dict:
     started = time.perf_counter()
     steps = collection_load(collection, passages, tokens, picks, vectors)
     load_seconds = time.perf_counter() - started
-    del vectors
-    index_seconds = index_build()
+    index_seconds, bm25_index_seconds = index_build()
     collection.refresh_from_db()
 
     queries = list(queries_read(CRANFIELD).values())[: args.queries]
@@ -444,18 +519,25 @@ def run(args, settings) -> dict:
     measured = searches_time(queries, workspace, collection, capture)
     exact_ids, exact_ms = exact_search(collection, query_vectors)
 
-    recall = float(
-        np.mean(
-            [
-                len(set(found) & set(truth)) / 10
-                for found, truth in zip(measured["dense"]["hits"], exact_ids, strict=True)
-            ]
-        )
+    recall = recall_at_10(measured["dense"]["hits"], exact_ids)
+    # Where recall is lost: the search of the graph (recall at larger ef_search) or the
+    # half-precision vectors in the index (an exact search over them, in NumPy).
+    recall_ef = {str(settings.HNSW_EF_SEARCH): round(recall, 4)}
+    recall_ef.update(
+        {ef: round(r, 4) for ef, r in recall_by_ef_search(queries, workspace, collection, exact_ids).items()}
     )
+    ceiling = halfvec_ceiling(vectors, query_vectors)
+    del vectors
+
+    keyword_paths = measured["keyword"]["paths"]
     result: dict = {
         "n": args.n,
         "queries": len(queries),
         "recall@10": round(recall, 4),
+        "keyword_index_path_share": round(keyword_paths.count("index") / len(keyword_paths), 3),
+        "keyword_top10_agreement_with_exact": round(
+            keyword_exact_agreement(queries, workspace, collection, measured["keyword"]["hits"]), 4
+        ),
     }
     for mode in MODES:
         p50, p99 = percentiles(measured[mode]["latencies"])
@@ -467,6 +549,7 @@ def run(args, settings) -> dict:
     result["speedup_vs_exact"] = round(exact_p50 / result["dense_p50_ms"], 1)
     result["load_s"] = round(load_seconds, 2)
     result["index_build_s"] = round(index_seconds, 2)
+    result["bm25_index_build_s"] = round(bm25_index_seconds, 2)
     result["load_steps_s"] = {k: round(v, 2) for k, v in steps.items() if k != "avgdl"}
     result["base_embed_s"] = round(embed_seconds, 2)
     result["base_passages"] = len(passages)
@@ -474,6 +557,8 @@ def run(args, settings) -> dict:
     result["perturbation_cosine"] = round(cosine, 4)
     result["bm25_avgdl"] = round(collection.bm25_avgdl, 2)
     result["ef_search"] = settings.HNSW_EF_SEARCH
+    result["recall@10_by_ef_search"] = recall_ef
+    result["halfvec_exact_recall@10"] = round(ceiling, 4)
     result["candidates"] = settings.SEARCH_CANDIDATES
     result["seed"] = SEED
 

@@ -9,4 +9,10 @@ BEAT_SCHEDULE = {
         "schedule": 30.0,
         "options": {"expires": 30},
     },
+    # Creates the BM25 HNSW index once the chunk table is large (search/vector_indexes.py).
+    "search-indexes-maintain": {
+        "task": "search.tasks.search_indexes_maintain",
+        "schedule": 3600.0,
+        "options": {"expires": 3600},
+    },
 }

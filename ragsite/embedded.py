@@ -75,8 +75,45 @@ class EmbeddedPostgres:
         with _file_lock(self.data_dir.parent / f".{self.data_dir.name}.lock"):
             server = self._server()
             socket_dir = parse_qs(urlsplit(server.get_uri()).query)["host"][0]
+            if self._tune(socket_dir):
+                # shared_buffers takes effect at start: restart once, right after tuning.
+                self.stop()
+                server.ensure_postgres_running()
+                socket_dir = parse_qs(urlsplit(server.get_uri()).query)["host"][0]
             self._ensure_database(socket_dir)
         return f"postgresql://postgres@{quote(socket_dir, safe='')}/{self.database}"
+
+    def _tune(self, socket_dir: str) -> bool:
+        """Size memory settings for this machine once (initdb's defaults assume 128 MB).
+
+        Returns True when a restart is needed. Skipped while other clients are connected,
+        so that a running system is never restarted under its feet.
+        """
+        marker = self.data_dir / "ragsite-tuned"
+        if marker.exists():
+            return False
+        import psycopg
+
+        memory = _memory_bytes()
+        settings = {
+            "shared_buffers": f"{max(128, min(memory // 4, 1 << 30) >> 20)}MB",
+            "effective_cache_size": f"{max(512, (memory // 2) >> 20)}MB",
+            "work_mem": "32MB",
+            "maintenance_work_mem": f"{max(64, min(memory // 16, 1 << 30) >> 20)}MB",
+            "random_page_cost": "1.1",
+            "max_wal_size": "2GB",
+        }
+        with psycopg.connect(host=socket_dir, user="postgres", dbname="postgres", autocommit=True) as conn:
+            others = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            ).fetchone()[0]
+            if others:
+                return False
+            for name, value in settings.items():
+                conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+        marker.write_text("".join(f"{k} = {v}\n" for k, v in settings.items()))
+        return True
 
     def _ensure_database(self, socket_dir: str) -> None:
         import psycopg
@@ -146,6 +183,13 @@ def _port_is_free(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 4 << 30
 
 
 def _pid_alive(pid: int) -> bool:

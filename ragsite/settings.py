@@ -150,7 +150,15 @@ SEARCH_CANDIDATES = env_int("SEARCH_CANDIDATES", 100, minimum=1, maximum=1000)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 60, minimum=1)
 SEARCH_DENSE_WEIGHT = env_float("SEARCH_DENSE_WEIGHT", 1.0, minimum=0.0)
 SEARCH_KEYWORD_WEIGHT = env_float("SEARCH_KEYWORD_WEIGHT", 1.0, minimum=0.0)
-HNSW_EF_SEARCH = env_int("HNSW_EF_SEARCH", 100, minimum=1, maximum=1000)
+# HNSW candidate list per query: 200 gives recall@10 0.97 at 100k chunks (100: 0.93).
+HNSW_EF_SEARCH = env_int("HNSW_EF_SEARCH", 200, minimum=1, maximum=1000)
+# Keyword ranking is exact (every chunk containing a query word is scored) while the query's
+# words occur in at most this many chunks together; beyond, the BM25 HNSW index is used,
+# with this candidate list size.
+SEARCH_KEYWORD_EXACT_MAX_ROWS = env_int("SEARCH_KEYWORD_EXACT_MAX_ROWS", 20000, minimum=0)
+KEYWORD_HNSW_EF_SEARCH = env_int("KEYWORD_HNSW_EF_SEARCH", 400, minimum=1, maximum=1000)
+# The BM25 HNSW index is created (by beat, hourly) once the chunk table holds this many rows.
+SEARCH_BM25_INDEX_MIN_CHUNKS = env_int("SEARCH_BM25_INDEX_MIN_CHUNKS", 50000, minimum=0)
 
 # --------------------------------------------------------------------------- auth, i18n, static
 

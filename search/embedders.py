@@ -92,7 +92,11 @@ class LocalSentenceEmbedder:
                     self._precision == "auto" and (device == "cuda" or _cpu_has_bf16())
                 )
                 self._autocast = (device, torch.bfloat16) if use_bf16 else None
-                self._tokenizer = model.tokenizer.backend_tokenizer
+                # A copy of the tokenizer for chunking: encode() sets truncation to the model's
+                # window on the shared one, which would silently cut long documents short.
+                from tokenizers import Tokenizer
+
+                self._tokenizer = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
                 self._tokenizer.no_truncation()
                 self._tokenizer.no_padding()
                 self._model = model

@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from search.embedders import query_embedding
 from search.models import Collection, Workspace
 from search.query_syntax import query_parse
-from search.vector_indexes import dense_distance_sql
+from search.vector_indexes import bm25_index_exists, dense_distance_sql
 
 MODES = ("hybrid", "dense", "keyword")
 # ts_headline marks matches with these; the text is HTML-escaped afterwards and only
@@ -48,6 +48,9 @@ class SearchResult:
     mode: str
     hits: list[SearchHit]
     timings_ms: dict[str, float] = field(default_factory=dict)
+    # How keyword candidates were found: "exact" (every matching chunk scored) or
+    # "index" (BM25 HNSW index, for queries whose words are common); None without keywords.
+    keyword_path: str | None = None
 
 
 def _collections_for(workspace: Workspace | None, collection_ids: list[int] | None) -> list[Collection]:
@@ -171,37 +174,45 @@ def chunk_search(
             SELECT id, document_id, row_number() OVER (ORDER BY distance, id) AS rank, 1 - distance AS score
             FROM {best_per_document("dense", "distance")}
         )""")
+    keyword_path = None
     if use_keyword:
+        query_bm25, matching_rows = _query_bm25(params)
+        if query_bm25 is None:
+            use_keyword = False
+        else:
+            params["query_bm25"] = query_bm25
+            common = matching_rows > settings.SEARCH_KEYWORD_EXACT_MAX_ROWS
+            keyword_path = "index" if common and bm25_index_exists() else "exact"
+    if use_keyword and keyword_path == "exact":
+        # Every chunk holding a query word (GIN) is scored: exact BM25.
         ctes.append(f"""
-        query_terms AS (
-            SELECT DISTINCT search_term_index(u.lexeme) AS term
-            FROM unnest(to_tsvector(%(config)s::regconfig, search_text_normalize(%(rank_text)s))) u
-            WHERE search_bm25_lexeme(u.lexeme)
-        ),
-        term_stats AS (
-            SELECT q.term, coalesce(sum(t.df), 0) AS df
-            FROM query_terms q
-            LEFT JOIN search_termstat t ON t.term = q.term AND t.collection_id = ANY(%(collections)s)
-            GROUP BY q.term
-        ),
-        query_bm25 AS (
-            -- Query side of BM25: the IDF of each query term, as a sparse vector.
-            SELECT format('{{%%s}}/1000000000', coalesce(string_agg(
-                       s.term || ':' || ln(1 + (n.total - s.df + 0.5) / (s.df + 0.5)), ',' ORDER BY s.term), '')
-                   )::sparsevec AS vector
-            FROM term_stats s,
-                 (SELECT coalesce(sum(chunk_count), 0) AS total FROM search_collection
-                  WHERE id = ANY(%(collections)s)) n
-        ),
         keyword AS MATERIALIZED (
-            SELECT c.id, c.document_id, (c.bm25 <#> q.vector) AS negative_score
-            FROM search_chunk c, query_bm25 q
+            SELECT c.id, c.document_id, (c.bm25 <#> %(query_bm25)s::sparsevec) AS negative_score
+            FROM search_chunk c
             WHERE c.collection_id = ANY(%(collections)s) AND c.tsv @@ {filter_sql}
               AND c.embedding_model = ANY(%(models)s){metadata_sql}
-              AND (c.bm25 <#> q.vector) < 0  -- at least one ranked term matches
-            ORDER BY c.bm25 <#> q.vector, c.id
+              AND (c.bm25 <#> %(query_bm25)s::sparsevec) < 0  -- at least one ranked term matches
+            ORDER BY c.bm25 <#> %(query_bm25)s::sparsevec, c.id
             LIMIT %(candidates)s
-        ),
+        )""")
+    elif use_keyword:
+        # Common words match a large share of the collection: the HNSW index over the BM25
+        # vectors finds the best inner products instead; typed phrases and exclusions
+        # still filter (the iterative scan goes on until enough rows pass).
+        required_sql = ""
+        if parsed.phrases or parsed.excluded:
+            required_sql = " AND c.tsv @@ websearch_to_tsquery(%(config)s::regconfig, %(required)s)"
+        ctes.append(f"""
+        keyword AS MATERIALIZED (
+            SELECT c.id, c.document_id, (c.bm25 <#> %(query_bm25)s::sparsevec) AS negative_score
+            FROM search_chunk c
+            WHERE c.collection_id = ANY(%(collections)s) AND c.embedding_model = ANY(%(models)s)
+              AND (c.bm25 <#> %(query_bm25)s::sparsevec) < 0{required_sql}{metadata_sql}
+            ORDER BY c.bm25 <#> %(query_bm25)s::sparsevec
+            LIMIT %(candidates)s
+        )""")
+    if use_keyword:
+        ctes.append(f"""
         keyword_ranked AS (
             SELECT id, document_id, row_number() OVER (ORDER BY negative_score, id) AS rank, -negative_score AS score
             FROM {best_per_document("keyword", "negative_score")}
@@ -249,6 +260,8 @@ def chunk_search(
     )
     query_started = time.perf_counter()
     ef = max(ef_search or settings.HNSW_EF_SEARCH, candidates)
+    if keyword_path == "index":
+        ef = max(ef, settings.KEYWORD_HNSW_EF_SEARCH)
     with transaction.atomic(), connection.cursor() as cursor:
         # SET LOCAL: these hold for this transaction only, so pooled connections are unaffected.
         cursor.execute(
@@ -277,7 +290,39 @@ def chunk_search(
         for row in rows
     ]
     timings["total"] = (time.perf_counter() - started) * 1000
-    return SearchResult(query=query, mode=mode, hits=hits, timings_ms=timings)
+    return SearchResult(query=query, mode=mode, hits=hits, timings_ms=timings, keyword_path=keyword_path)
+
+
+def _query_bm25(params: dict) -> tuple[str | None, int]:
+    """The query side of BM25 (each term's IDF, as a sparse vector) and how many chunks
+    contain any of its terms; ``(None, 0)`` when the query has no rankable term."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH query_terms AS (
+                SELECT DISTINCT search_term_index(u.lexeme) AS term
+                FROM unnest(to_tsvector(%(config)s::regconfig, search_text_normalize(%(rank_text)s))) u
+                WHERE search_bm25_lexeme(u.lexeme)
+            ), term_stats AS (
+                SELECT q.term, coalesce(sum(t.df), 0) AS df
+                FROM query_terms q
+                LEFT JOIN search_termstat t ON t.term = q.term AND t.collection_id = ANY(%(collections)s)
+                GROUP BY q.term
+            ), total AS (
+                SELECT coalesce(sum(chunk_count), 0) AS n FROM search_collection WHERE id = ANY(%(collections)s)
+            )
+            SELECT format('{%%s}/1000000000', string_agg(
+                       s.term || ':' || ln(1 + (total.n - s.df + 0.5) / (s.df + 0.5)), ',' ORDER BY s.term)),
+                   -- an upper bound on the chunks holding any query word
+                   least(coalesce(sum(s.df), 0), max(total.n)), count(*)
+            FROM term_stats s, total
+            """,
+            params,
+        )
+        vector, matching_rows, terms = cursor.fetchone()
+    if not terms:
+        return None, 0
+    return vector, int(matching_rows)
 
 
 def _keyword_filter_sql(parsed) -> str | None:

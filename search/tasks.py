@@ -47,3 +47,11 @@ def document_ingest(self, document_id: int) -> str:
 @shared_task(name="search.tasks.collection_bm25_refresh", **LONG_TASK_OPTIONS)
 def collection_bm25_refresh(collection_id: int) -> float:
     return pipeline.collection_bm25_refresh(collection_id=collection_id)
+
+
+# Building the index over millions of chunks takes minutes: a longer limit than the default.
+@shared_task(name="search.tasks.search_indexes_maintain", ignore_result=True, soft_time_limit=3300, time_limit=3500)
+def search_indexes_maintain() -> str | None:
+    from search.vector_indexes import search_indexes_maintain as maintain
+
+    return maintain(min_chunks=settings.SEARCH_BM25_INDEX_MIN_CHUNKS)

@@ -5,12 +5,26 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from django.db import transaction
+
 from search.beir import corpus_read
 from search.ingest.pipeline import documents_ingest
 from search.models import Collection, Document
 from search.services import DocumentRejected, document_create
 
-BATCH_DOCUMENTS = 64
+# Documents per pipeline run: enough chunks for full embedder calls and one commit per batch.
+BATCH_DOCUMENTS = 256
+
+
+def _batches(items: Iterable, size: int = BATCH_DOCUMENTS):
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def files_under(paths: Iterable[Path]) -> list[Path]:
@@ -32,15 +46,17 @@ def files_store(collection: Collection, files: list[Path]) -> tuple[list[int], l
     """Store files as queued documents; returns their ids and the refusals (with reasons)."""
     ids: list[int] = []
     refused: list[str] = []
-    for path in files:
-        try:
-            document, _ = document_create(
-                collection=collection, source_name=path.name, content=path.read_bytes(), enqueue=False
-            )
-        except DocumentRejected as exc:
-            refused.append(str(exc))
-            continue
-        ids.append(document.pk)
+    for batch in _batches(files):
+        with transaction.atomic():  # one commit per batch of uploads
+            for path in batch:
+                try:
+                    document, _ = document_create(
+                        collection=collection, source_name=path.name, content=path.read_bytes(), enqueue=False
+                    )
+                except DocumentRejected as exc:
+                    refused.append(str(exc))
+                    continue
+                ids.append(document.pk)
     return ids, refused
 
 
@@ -52,24 +68,26 @@ def beir_store(collection: Collection, directory: Path) -> tuple[list[int], list
     """
     ids: list[int] = []
     refused: list[str] = []
-    for item in corpus_read(directory):
-        try:
-            document, created = document_create(
-                collection=collection,
-                source_name=f"{item.id}.txt",
-                content=item.content().encode("utf-8"),
-                title=item.title or None,
-                metadata={"beir_ids": [item.id]},
-                enqueue=False,
-            )
-        except DocumentRejected as exc:
-            refused.append(str(exc))
-            continue
-        if not created and item.id not in document.metadata.get("beir_ids", []):
-            document.metadata.setdefault("beir_ids", []).append(item.id)
-            Document.objects.filter(pk=document.pk).update(metadata=document.metadata)
-        if created:
-            ids.append(document.pk)
+    for batch in _batches(corpus_read(directory)):
+        with transaction.atomic():  # one commit per batch of uploads
+            for item in batch:
+                try:
+                    document, created = document_create(
+                        collection=collection,
+                        source_name=f"{item.id}.txt",
+                        content=item.content().encode("utf-8"),
+                        title=item.title or None,
+                        metadata={"beir_ids": [item.id]},
+                        enqueue=False,
+                    )
+                except DocumentRejected as exc:
+                    refused.append(str(exc))
+                    continue
+                if not created and item.id not in document.metadata.get("beir_ids", []):
+                    document.metadata.setdefault("beir_ids", []).append(item.id)
+                    Document.objects.filter(pk=document.pk).update(metadata=document.metadata)
+                if created:
+                    ids.append(document.pk)
     return ids, refused
 
 

@@ -11,18 +11,19 @@ lock and the ``(document, ordinal)`` constraint backs that up.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from search.embedders import Embedder, EmbedderError, embedder_get
 from search.ingest.chunking import TextChunk, chunk_text
-from search.ingest.parsers import ParseError, parse_document
+from search.ingest.parsers import ParsedDocument, ParseError, parse_document
 from search.models import Collection, Document
 
 logger = logging.getLogger(__name__)
@@ -75,56 +76,108 @@ def documents_ingest(*, document_ids: list[int], on_progress=None) -> list[Docum
     bad input (unreadable files, duplicates, unknown embedders) ends as ``failed`` with
     a reason while the others go on. Infrastructure errors (database, broker) propagate
     so that the task is retried. ``on_progress(chunks_done)`` is called as batches finish.
+    Stage changes are written for the whole batch at once, one statement per stage.
     """
     documents = {d.pk: d for d in Document.objects.select_related("collection").filter(pk__in=document_ids)}
     missing = [pk for pk in document_ids if pk not in documents]
     if missing:
         raise Document.DoesNotExist(f"documents {missing} do not exist")
-    prepared: list[_Prepared] = []
-    for pk in document_ids:
-        document = documents[pk]
-        if document.status == Document.Status.INDEXED:
-            continue  # a redelivered task after success: nothing to do
-        _set_status(document, Document.Status.PARSING, attempts=document.attempts + 1, error="")
+    # An indexed document is a redelivered task after success: nothing to do.
+    todo = [documents[pk] for pk in document_ids if documents[pk].status != Document.Status.INDEXED]
+    _stage_update(todo, Document.Status.PARSING, attempts=True)
+
+    parsed: list[tuple[Document, ParsedDocument, str]] = []
+    for document in todo:
         try:
-            prepared.append(_prepare(document))
-        except (ParseError, IngestError, EmbedderError) as exc:
+            result = parse_document(document_bytes(document), media_type=document.media_type)
+            parsed.append((document, result, hashlib.sha256(result.text.encode()).hexdigest()))
+        except (ParseError, IngestError) as exc:
+            document_fail(document, str(exc))
+    duplicates = _duplicates_of([(document, digest) for document, _, digest in parsed])
+
+    _stage_update([document for document, _, _ in parsed], Document.Status.CHUNKING)
+    prepared: list[_Prepared] = []
+    for document, result, digest in parsed:
+        try:
+            if document.pk in duplicates:
+                raise IngestError(duplicates[document.pk])
+            prepared.append(_prepare(document, result, digest))
+        except (IngestError, EmbedderError) as exc:
             document_fail(document, str(exc))
 
+    _stage_update([item.document for item in prepared], Document.Status.EMBEDDING, prepared=prepared)
     _embed_all(prepared, on_progress)
 
-    for item in prepared:
-        if item.document.status == Document.Status.FAILED:
-            continue
-        try:
-            chunks_write(
-                document=item.document,
-                chunks=item.chunks,
-                vectors=np.concatenate(item.vectors),
-                embedder=item.embedder,
-                text_sha256=item.text_sha256,
-                title=item.title,
-                metadata=item.metadata,
-            )
-        except IngestError as exc:
-            document_fail(item.document, str(exc))
+    chunks_write_batch([item for item in prepared if item.document.status != Document.Status.FAILED])
     for collection_id in {item.document.collection_id for item in prepared}:
         _refresh_bm25_if_drifted(collection_id)
     return [documents[pk] for pk in document_ids]
 
 
-def _prepare(document: Document) -> _Prepared:
-    """Parse, deduplicate and chunk one document."""
-    collection = document.collection
-    data = document_bytes(document)
-    parsed = parse_document(data, media_type=document.media_type)
-    text_sha256 = hashlib.sha256(parsed.text.encode()).hexdigest()
-    duplicate = Document.objects.filter(collection=collection, sha256=text_sha256).exclude(pk=document.pk).first()
-    if duplicate is not None:
-        raise IngestError(f"same text as document {duplicate.pk} ({duplicate.title}) in this collection")
+def _stage_update(
+    documents: list[Document], status: str, *, attempts: bool = False, prepared: list[_Prepared] | None = None
+) -> None:
+    """Move a batch of documents to a stage in one statement.
 
-    _set_status(document, Document.Status.CHUNKING)
-    embedder = embedder_get(collection.embedding_model)
+    Progress is information, not data: these commits skip the wait for the disk flush
+    (``synchronous_commit = off``); a crash can lose one, never a chunk.
+    """
+    if not documents:
+        return
+    now = timezone.now()
+    ids = [document.pk for document in documents]
+    totals = {item.document.pk: len(item.chunks) for item in prepared or []}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit = off")
+        cursor.execute(
+            """
+            UPDATE search_document d
+            SET status = %(status)s, updated_at = %(now)s,
+                attempts = d.attempts + %(attempt)s,
+                error = CASE WHEN %(attempt)s = 1 THEN '' ELSE d.error END,
+                chunks_total = coalesce(v.total, d.chunks_total),
+                chunks_embedded = CASE WHEN v.total IS NULL THEN d.chunks_embedded ELSE 0 END
+            FROM unnest(%(ids)s::bigint[], %(totals)s::int[]) AS v(id, total)
+            WHERE d.id = v.id
+            """,
+            {
+                "status": status,
+                "now": now,
+                "attempt": 1 if attempts else 0,
+                "ids": ids,
+                "totals": [totals.get(pk) for pk in ids],
+            },
+        )
+    for document in documents:
+        document.status = status
+        document.updated_at = now
+        if attempts:
+            document.attempts += 1
+            document.error = ""
+        if document.pk in totals:
+            document.chunks_total, document.chunks_embedded = totals[document.pk], 0
+
+
+def _duplicates_of(items: list[tuple[Document, str]]) -> dict[int, str]:
+    """Reasons for documents whose normalised text another document of the collection already has."""
+    if not items:
+        return {}
+    existing = {}
+    for pk, collection_id, digest, title in Document.objects.filter(
+        sha256__in={digest for _, digest in items}
+    ).values_list("pk", "collection_id", "sha256", "title"):
+        existing.setdefault((collection_id, digest), (pk, title))
+    reasons = {}
+    for document, digest in items:
+        match = existing.get((document.collection_id, digest))
+        if match and match[0] != document.pk:
+            reasons[document.pk] = f"same text as document {match[0]} ({match[1]}) in this collection"
+    return reasons
+
+
+def _prepare(document: Document, parsed: ParsedDocument, text_sha256: str) -> _Prepared:
+    """Chunk one parsed document with its collection's embedder's tokenizer."""
+    embedder = embedder_get(document.collection.embedding_model)
     chunks = chunk_text(
         parsed.text,
         tokenize=embedder.token_offsets,
@@ -137,7 +190,6 @@ def _prepare(document: Document) -> _Prepared:
     title = document.title
     if parsed.title and document.metadata.get("title_from") != "user":
         title = parsed.title[:500]
-    _set_status(document, Document.Status.EMBEDDING, chunks_total=len(chunks), chunks_embedded=0)
     return _Prepared(
         document=document,
         chunks=chunks,
@@ -178,13 +230,21 @@ def _embed_all(prepared: list[_Prepared], on_progress) -> None:
             for (item, _chunk), vector in zip(group, vectors, strict=True):
                 item.vectors.append(vector[None, :])
                 touched[item.document.pk] = item
-            for item in touched.values():
-                if item.document.status != Document.Status.FAILED:
-                    count = sum(len(v) for v in item.vectors)
-                    Document.objects.filter(pk=item.document.pk).update(chunks_embedded=count)
+            _progress_update({pk: len(item.vectors) for pk, item in touched.items()})
             done += len(group)
             if on_progress:
                 on_progress(done)
+
+
+def _progress_update(embedded: dict[int, int]) -> None:
+    """Chunks embedded so far, per document, in one statement (no wait for the disk flush)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit = off")
+        cursor.execute(
+            "UPDATE search_document d SET chunks_embedded = v.n FROM unnest(%s::bigint[], %s::int[]) AS v(id, n)"
+            " WHERE d.id = v.id AND d.status = 'embedding'",
+            [list(embedded), list(embedded.values())],
+        )
 
 
 def document_bytes(document: Document) -> bytes:
@@ -229,39 +289,156 @@ def chunks_write(
     title: str,
     metadata: dict,
 ) -> bool:
-    """Replace the document's chunks and mark it indexed, all in one transaction.
+    """Replace one document's chunks and mark it indexed, in one transaction.
 
     Returns False (and writes nothing) when another delivery of the same task already
     indexed the document while this one was embedding.
     """
-    started = time.perf_counter()
+    item = _Prepared(
+        document=document,
+        chunks=chunks,
+        title=title,
+        text_sha256=text_sha256,
+        metadata=metadata,
+        embedder=embedder,
+        vectors=[vectors],
+    )
     try:
-        written = _chunks_write(document, chunks, vectors, embedder, text_sha256, title, metadata)
+        return document.pk in _chunks_write([item])
     except IntegrityError as exc:
         if "document_unique_text" in str(exc):
             raise IngestError("same text as another document in this collection") from None
         raise
-    if written:
-        logger.info(
-            "document %s indexed: %s chunks, write %.0f ms",
-            document.pk,
-            len(chunks),
-            (time.perf_counter() - started) * 1000,
+
+
+def chunks_write_batch(items: list[_Prepared]) -> None:
+    """Write the chunks of several documents in one transaction (one disk flush).
+
+    Every document is still all-or-nothing: all its rows are in that transaction. If the
+    batch fails on one document's data (a duplicate text, say), each document is written
+    again in a transaction of its own, so the others are not held back by it.
+    """
+    if not items:
+        return
+    try:
+        _chunks_write(items)
+    except (IntegrityError, DataError):
+        for item in items:
+            try:
+                chunks_write(
+                    document=item.document,
+                    chunks=item.chunks,
+                    vectors=np.concatenate(item.vectors),
+                    embedder=item.embedder,
+                    text_sha256=item.text_sha256,
+                    title=item.title,
+                    metadata=item.metadata,
+                )
+            except IngestError as exc:
+                document_fail(item.document, str(exc))
+
+
+def _chunks_write(items: list[_Prepared]) -> set[int]:
+    """The write transaction; returns the ids of the documents it indexed."""
+    started = time.perf_counter()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT d.id, d.status, EXISTS (SELECT 1 FROM search_chunk c WHERE c.document_id = d.id)"
+            " FROM search_document d WHERE d.id = ANY(%s) ORDER BY d.id FOR UPDATE",
+            [[item.document.pk for item in items]],
         )
-    return written
+        state = {pk: (status, has_chunks) for pk, status, has_chunks in cursor.fetchall()}
+        # Another delivery of the same task may have finished first: skip those.
+        items = [i for i in items if state.get(i.document.pk, ("gone",))[0] not in ("indexed", "gone")]
+        if not items:
+            return set()
+        # The collection row lock serialises writers of one collection: its BM25 statistics
+        # and term frequencies stay consistent, and no two writers deadlock on terms.
+        by_collection: dict[int, list[_Prepared]] = {}
+        for item in items:
+            by_collection.setdefault(item.document.collection_id, []).append(item)
+        collections = {
+            c.pk: c for c in Collection.objects.select_for_update().filter(pk__in=by_collection).order_by("pk")
+        }
+        for collection_id, group in sorted(by_collection.items()):
+            collection = collections[collection_id]
+            for item in group:
+                if state[item.document.pk][1]:
+                    chunks_remove(item.document.pk, collection)
+            rows = [
+                (item.document.pk, chunk, vector)
+                for item in group
+                for chunk, vector in zip(item.chunks, np.concatenate(item.vectors), strict=True)
+            ]
+            avgdl = chunks_insert(cursor, collection, rows, group[0].embedder)
+            cursor.execute(
+                """
+                WITH terms AS (
+                    SELECT DISTINCT c.id, search_term_index(u.lexeme) AS term,
+                           coalesce(array_length(u.positions, 1), 1) AS tf, u.lexeme
+                    FROM search_chunk c, unnest(c.tsv) u
+                    WHERE c.document_id = ANY(%(documents)s) AND search_bm25_lexeme(u.lexeme)
+                ), added AS (
+                    INSERT INTO search_termstat (collection_id, term, df)
+                    SELECT %(collection)s, term, count(DISTINCT id) FROM terms GROUP BY term ORDER BY term
+                    ON CONFLICT (collection_id, term) DO UPDATE SET df = search_termstat.df + EXCLUDED.df
+                )
+                SELECT coalesce(sum(tf), 0) FROM terms
+                """,
+                {"documents": [item.document.pk for item in group], "collection": collection_id},
+            )
+            collection.chunk_count += len(rows)
+            collection.lexeme_total += int(cursor.fetchone()[0])
+            if collection.bm25_avgdl <= 0:
+                collection.bm25_avgdl = avgdl
+            collection.save(update_fields=["chunk_count", "lexeme_total", "bm25_avgdl"])
+        now = timezone.now()
+        cursor.execute(
+            """
+            UPDATE search_document d
+            SET status = 'indexed', error = '', sha256 = v.sha256, title = v.title, metadata = v.metadata::jsonb,
+                chunks_total = v.chunks, chunks_embedded = v.chunks, indexed_at = %(now)s, updated_at = %(now)s
+            FROM unnest(%(ids)s::bigint[], %(sha256)s::text[], %(titles)s::text[], %(metadata)s::text[],
+                        %(chunks)s::int[]) AS v(id, sha256, title, metadata, chunks)
+            WHERE d.id = v.id
+            """,
+            {
+                "now": now,
+                "ids": [item.document.pk for item in items],
+                "sha256": [item.text_sha256 for item in items],
+                "titles": [item.title for item in items],
+                "metadata": [json.dumps(item.metadata) for item in items],
+                "chunks": [len(item.chunks) for item in items],
+            },
+        )
+    for item in items:
+        document = item.document
+        document.status, document.error, document.sha256 = Document.Status.INDEXED, "", item.text_sha256
+        document.title, document.metadata, document.indexed_at = item.title, item.metadata, now
+        document.chunks_total = document.chunks_embedded = len(item.chunks)
+    logger.info(
+        "indexed %s documents, %s chunks; write %.0f ms",
+        len(items),
+        sum(len(item.chunks) for item in items),
+        (time.perf_counter() - started) * 1000,
+    )
+    return {item.document.pk for item in items}
 
 
-def chunks_insert(cursor, document_id: int, collection: Collection, chunks, vectors, embedder: Embedder) -> float:
-    """Binary-COPY chunks into a staging table, then insert them with their BM25 weights.
+def chunks_insert(cursor, collection: Collection, rows, embedder: Embedder) -> float:
+    """Binary-COPY ``(document_id, chunk, vector)`` rows into a staging table, then insert
+    them with their BM25 weights.
 
     Runs inside the caller's transaction; updates no statistics. Returns the average
     chunk length the BM25 weights were computed with.
     """
-    cursor.execute("DROP TABLE IF EXISTS pg_temp.search_chunk_staging")
+    # One staging table per connection, emptied at every commit; emptied here too, for
+    # callers that write several times in one outer transaction (tests).
     cursor.execute(
-        "CREATE TEMP TABLE search_chunk_staging (ordinal int, text text, start_offset int,"
-        " end_offset int, token_count int, embedding vector) ON COMMIT DROP"
+        "CREATE TEMP TABLE IF NOT EXISTS search_chunk_staging (document_id bigint, ordinal int, text text,"
+        " start_offset int, end_offset int, token_count int, embedding vector) ON COMMIT DELETE ROWS"
     )
+    cursor.execute("DELETE FROM search_chunk_staging")
     _register_vector_types()
     # COPY goes to psycopg directly; wrap it so its errors become Django's. A new cursor:
     # psycopg copies type adapters into a cursor when it is created.
@@ -269,16 +446,15 @@ def chunks_insert(cursor, document_id: int, collection: Collection, chunks, vect
         connection.wrap_database_errors,
         connection.cursor() as copy_cursor,
         copy_cursor.copy(
-            "COPY search_chunk_staging (ordinal, text, start_offset, end_offset, token_count, embedding)"
-            " FROM STDIN WITH (FORMAT BINARY)"
+            "COPY search_chunk_staging (document_id, ordinal, text, start_offset, end_offset, token_count,"
+            " embedding) FROM STDIN WITH (FORMAT BINARY)"
         ) as copy,
     ):
-        copy.set_types(["int4", "text", "int4", "int4", "int4", "vector"])
-        for chunk, vector in zip(chunks, vectors, strict=True):
-            copy.write_row((chunk.ordinal, chunk.text, chunk.start, chunk.end, chunk.token_count, vector))
+        copy.set_types(["int8", "int4", "text", "int4", "int4", "int4", "vector"])
+        for document_id, chunk, vector in rows:
+            copy.write_row((document_id, chunk.ordinal, chunk.text, chunk.start, chunk.end, chunk.token_count, vector))
     params = {
         "config": collection.text_search_config,
-        "document": document_id,
         "collection": collection.pk,
         "model": embedder.name,
         "dims": embedder.dimensions,
@@ -287,7 +463,7 @@ def chunks_insert(cursor, document_id: int, collection: Collection, chunks, vect
     }
     avgdl = collection.bm25_avgdl
     if avgdl <= 0:
-        # The collection's first document sets the length normalisation.
+        # The collection's first documents set the length normalisation.
         cursor.execute(
             "SELECT avg((SELECT sum(coalesce(array_length(u.positions, 1), 1))"
             " FROM unnest(to_tsvector(%(config)s::regconfig, search_text_normalize(s.text))) u"
@@ -300,67 +476,17 @@ def chunks_insert(cursor, document_id: int, collection: Collection, chunks, vect
         """
         INSERT INTO search_chunk (document_id, collection_id, ordinal, text, start_offset, end_offset,
                                   token_count, embedding_model, embedding_dimensions, embedding, ts_config, bm25)
-        SELECT %(document)s, %(collection)s, s.ordinal, s.text, s.start_offset, s.end_offset, s.token_count,
+        SELECT s.document_id, %(collection)s, s.ordinal, s.text, s.start_offset, s.end_offset, s.token_count,
                %(model)s, %(dims)s, s.embedding, %(config)s::regconfig,
                search_bm25_document_vector(
                    to_tsvector(%(config)s::regconfig, search_text_normalize(s.text)), %(avgdl)s, %(k1)s, %(b)s
                )
         FROM search_chunk_staging s
-        ORDER BY s.ordinal
+        ORDER BY s.document_id, s.ordinal
         """,
         params,
     )
     return avgdl
-
-
-def _chunks_write(document, chunks, vectors, embedder, text_sha256, title, metadata) -> bool:
-    with transaction.atomic():
-        locked = Document.objects.select_for_update().get(pk=document.pk)
-        if locked.status == Document.Status.INDEXED:
-            return False
-        # The collection row lock serialises writers of one collection: its BM25
-        # statistics and term frequencies stay consistent, and no two writers deadlock
-        # on the term table.
-        collection = Collection.objects.select_for_update().get(pk=document.collection_id)
-        chunks_remove(document.pk, collection)
-        with connection.cursor() as cursor:
-            avgdl = chunks_insert(cursor, document.pk, collection, chunks, vectors, embedder)
-            params = {"document": document.pk, "collection": collection.pk}
-            cursor.execute(
-                """
-                WITH terms AS (
-                    SELECT DISTINCT c.id, search_term_index(u.lexeme) AS term,
-                           coalesce(array_length(u.positions, 1), 1) AS tf, u.lexeme
-                    FROM search_chunk c, unnest(c.tsv) u
-                    WHERE c.document_id = %(document)s AND search_bm25_lexeme(u.lexeme)
-                ), added AS (
-                    INSERT INTO search_termstat (collection_id, term, df)
-                    SELECT %(collection)s, term, count(DISTINCT id) FROM terms GROUP BY term ORDER BY term
-                    ON CONFLICT (collection_id, term) DO UPDATE SET df = search_termstat.df + EXCLUDED.df
-                )
-                SELECT coalesce(sum(tf), 0) FROM terms
-                """,
-                params,
-            )
-            lexemes = int(cursor.fetchone()[0])
-        collection.chunk_count += len(chunks)
-        collection.lexeme_total += lexemes
-        if collection.bm25_avgdl <= 0:
-            collection.bm25_avgdl = avgdl
-        collection.save(update_fields=["chunk_count", "lexeme_total", "bm25_avgdl"])
-        Document.objects.filter(pk=document.pk).update(
-            status=Document.Status.INDEXED,
-            sha256=text_sha256,
-            title=title,
-            metadata=metadata,
-            error="",
-            chunks_total=len(chunks),
-            chunks_embedded=len(chunks),
-            indexed_at=timezone.now(),
-            updated_at=timezone.now(),
-        )
-    document.refresh_from_db()
-    return True
 
 
 def chunks_remove(document_id: int, collection: Collection) -> None:

@@ -56,7 +56,12 @@ def collection_reembed(
                 )
                 vectors = embedder.embed_documents([embedding_input(document.title, chunk) for chunk in chunks])
                 with transaction.atomic(), connection.cursor() as cursor:
-                    chunks_insert(cursor, document.pk, collection, chunks, vectors, embedder)
+                    chunks_insert(
+                        cursor,
+                        collection,
+                        [(document.pk, c, v) for c, v in zip(chunks, vectors, strict=True)],
+                        embedder,
+                    )
             if on_progress:
                 on_progress(index, len(documents))
         _switch(collection.pk, model, embedder.dimensions)

@@ -33,13 +33,17 @@ $$;
 DOCUMENT_VECTOR = """
 CREATE OR REPLACE FUNCTION search_bm25_document_vector(tsv tsvector, avgdl float8, k1 float8, b float8)
 RETURNS sparsevec LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    WITH terms AS (
+    WITH all_terms AS (
         SELECT search_term_index(u.lexeme) AS idx, sum(coalesce(array_length(u.positions, 1), 1))::float8 AS tf
         FROM unnest(tsv) AS u
         WHERE search_bm25_lexeme(u.lexeme)
         GROUP BY 1
     ), length AS (
-        SELECT coalesce(sum(tf), 0) AS dl FROM terms
+        SELECT coalesce(sum(tf), 0) AS dl FROM all_terms
+    ), terms AS (
+        -- pgvector indexes sparse vectors of up to 1000 elements: a chunk (at most a few
+        -- hundred tokens) stays far below; keep the most frequent terms if one ever does not.
+        SELECT * FROM all_terms ORDER BY tf DESC, idx LIMIT 1000
     )
     -- sparsevec text form: {index:value,...}/dimensions
     SELECT format('{%s}/1000000000', coalesce(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -90,7 +91,8 @@ def test_the_same_text_in_another_file_is_refused_as_a_duplicate(collection):
 
 def test_a_failed_write_leaves_no_chunk_behind(collection):
     document, _ = document_create(collection=collection, source_name="h.md", content=HANDBOOK.encode(), enqueue=False)
-    prepared = pipeline._prepare(document)
+    parsed = parse_document(HANDBOOK.encode(), media_type="text/markdown")
+    prepared = pipeline._prepare(document, parsed, "0" * 64)
     vectors = np.ones((len(prepared.chunks), 384), dtype=np.float32) / math.sqrt(384)
     vectors[-1, 0] = np.nan  # pgvector refuses NaN: the COPY fails on the last row
     with pytest.raises(DataError):
@@ -106,7 +108,7 @@ def test_a_failed_write_leaves_no_chunk_behind(collection):
     assert Chunk.objects.filter(document=document).count() == 0
     assert TermStat.objects.filter(collection=collection).count() == 0
     assert Collection.objects.get(pk=collection.pk).chunk_count == 0
-    assert Document.objects.get(pk=document.pk).status == Document.Status.EMBEDDING
+    assert Document.objects.get(pk=document.pk).status == Document.Status.QUEUED
 
 
 @pytest.mark.parametrize(
@@ -202,3 +204,20 @@ def test_sql_and_python_split_punctuation_identically(db):
         cursor.execute("SELECT search_text_normalize(%s)", [sample])
         assert cursor.fetchone()[0] == punctuation_split(sample)
     assert punctuation_split("high-speed m=2.5") == "high speed m 2 5"
+
+
+def test_long_documents_are_chunked_to_the_end_after_the_model_has_run(collection):
+    from search.embedders import embedder_get
+
+    embedder = embedder_get("all-MiniLM-L6-v2")
+    embedder.embed_documents(["the model runs first, as it does in a busy worker"])
+    text = " ".join(f"Sentence number {i} talks about wing flutter and heat transfer." for i in range(400))
+    offsets = embedder.token_offsets(text)
+    assert offsets[-1][1] == len(text)  # no truncation to the model's window
+    document = ingest(collection, "long.txt", text)
+    chunks = list(Chunk.objects.filter(document=document).order_by("ordinal"))
+    assert chunks[0].start_offset == 0
+    assert chunks[-1].end_offset == len(text)
+    for previous, current in itertools.pairwise(chunks):
+        assert current.start_offset <= previous.end_offset  # no gap between chunks
+    assert all(chunk.token_count <= embedder.max_tokens for chunk in chunks)

@@ -16,6 +16,7 @@ from search.ingest import pipeline
 from search.models import Chunk, Collection, Document
 from search.selectors import SearchError, chunk_search
 from search.services import collection_create, document_create, workspace_create
+from search.vector_indexes import BM25_INDEX_NAME, bm25_index_forget, create_bm25_index_sql
 
 pytestmark = pytest.mark.django_db
 
@@ -47,8 +48,14 @@ def corpus(django_db_setup, django_db_blocker):
             ids[name] = document.pk
         pipeline.documents_ingest(document_ids=list(ids.values()))
         assert set(Document.objects.filter(collection=collection).values_list("status", flat=True)) == {"indexed"}
+        with connection.cursor() as cursor:
+            cursor.execute(create_bm25_index_sql())
+        bm25_index_forget()
         yield workspace, collection, ids
         workspace.delete()
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP INDEX {BM25_INDEX_NAME}")
+        bm25_index_forget()
 
 
 def search(corpus, query, **kwargs):
@@ -102,6 +109,27 @@ def test_keyword_ranking_is_bm25(corpus):
     for hit, (_, score) in zip(result.hits, expected, strict=True):
         assert hit.score == pytest.approx(score, rel=1e-4)  # sparsevec stores float32
         assert hit.keyword_rank is not None and hit.dense_rank is None
+
+
+def test_common_words_use_the_bm25_index_with_the_same_ranking(corpus, settings):
+    _, collection, _ = corpus
+    collection.refresh_from_db()
+    query = "battery charge of the warehouse robot"
+    exact = search(corpus, query, mode="keyword", top_k=10)
+    assert exact.keyword_path == "exact"
+    settings.SEARCH_KEYWORD_EXACT_MAX_ROWS = 0  # every query counts as "common words"
+    indexed = search(corpus, query, mode="keyword", top_k=10)
+    assert indexed.keyword_path == "index"
+    # On a corpus this small the HNSW graph is exhaustive: the same ids, order and scores.
+    assert [(h.chunk_id, round(h.score, 4)) for h in indexed.hits] == [
+        (h.chunk_id, round(h.score, 4)) for h in exact.hits
+    ]
+    assert [h.chunk_id for h in indexed.hits] == [chunk_id for chunk_id, _ in python_bm25(collection, query)]
+    # Typed phrases still filter on the index path.
+    _, _, ids = corpus
+    phrase = search(corpus, '"propeller slipstream" wing', mode="keyword")
+    assert phrase.keyword_path == "index"
+    assert [hit.document_id for hit in phrase.hits] == [ids["wing.md"]]
 
 
 def test_dense_ranking_is_cosine_similarity(corpus):
@@ -205,3 +233,21 @@ def test_query_embeddings_are_cached(corpus, monkeypatch):
     search(corpus, query, mode="dense")
     monkeypatch.setattr(embedders, "embedder_get", lambda name: pytest.fail("the model ran for a cached query"))
     assert search(corpus, query, mode="dense").hits
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_bm25_index_is_created_once_the_table_is_large():
+    from search.vector_indexes import bm25_index_exists, search_indexes_maintain
+
+    workspace = workspace_create(name="Index", slug="index")
+    collection = collection_create(workspace=workspace, name="Small")
+    document, _ = document_create(collection=collection, source_name="a.txt", content=b"One chunk.", enqueue=False)
+    pipeline.documents_ingest(document_ids=[document.pk])
+    assert search_indexes_maintain(min_chunks=1000) is None
+    assert bm25_index_exists() is False
+    assert search_indexes_maintain(min_chunks=1) == f"created {BM25_INDEX_NAME} over 1 chunks"
+    assert bm25_index_exists() is True
+    assert search_indexes_maintain(min_chunks=1) is None  # already there
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP INDEX {BM25_INDEX_NAME}")
+    bm25_index_forget()
