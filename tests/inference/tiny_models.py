@@ -1,0 +1,52 @@
+"""Tiny causal LMs and a tokenizer built here, so engine tests download nothing."""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+WORDS = [
+    "the", "wing", "flow", "lift", "drag", "shock", "wave", "heat", "plate", "jet", "speed", "high", "low",
+    "pressure", "layer", "boundary", "is", "of", "and", "a", "in", "on", "at", "to", "with", "by", "for",
+    "theory", "test", "model", "data", "value", "number", "mach", "angle", "edge", "body", "nose", "tail",
+    "cone", "curve", "point", "line", "result", "method", "case", "time", "rate", "mass", "air",
+]  # fmt: skip
+SPECIALS = ["<unk>", "<s>", "</s>"]
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {token: index for index, token in enumerate(SPECIALS + WORDS)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import decoders
+
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def tiny_llama(seed: int, *, layers: int = 2, vocab_size: int | None = None, eos: bool = False) -> LlamaForCausalLM:
+    """A random Llama; ``eos=False`` keeps generations going to max_tokens (EOS never wins)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size or len(SPECIALS) + len(WORDS),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        # Sharper logits than the tiny initialisation gives, so greedy choices are not near-ties.
+        model.lm_head.weight.mul_(8.0)
+        if not eos:
+            # EOS's logit is always 0 while the best of the other 52 is almost surely above.
+            model.lm_head.weight[2].fill_(0.0)
+    model.eval()
+    model.generation_config.eos_token_id = 2
+    return model
