@@ -171,7 +171,8 @@ def generate(
     prompt_length = len(tokens)
     eos_ids = _eos_ids(target, tokenizer)
     big = _Model(target, DynamicCache(config=target.config))
-    small = _Model(draft, DynamicCache(config=draft.config)) if draft is not None and spec.method != "ngram" else None
+    use_draft = draft is not None and spec.method in ("draft", "both")
+    small = _Model(draft, DynamicCache(config=draft.config)) if use_draft else None
     ngrams = NGramProposer(request.prompt_ids, n_max=spec.ngram_max, n_min=spec.ngram_min)
     k = spec.k
     detokenizer = _Detokenizer(tokenizer, request.stop)
@@ -201,7 +202,18 @@ def generate(
         committed_before = len(tokens)
         accepted = 0
         next_token = None
+        greedy = request.temperature == 0
+        if greedy:
+            # Greedy fast path: the target's argmax at every position, in one call.
+            choices = logits[base:].argmax(dim=-1).tolist()
         for i, proposed in enumerate(proposal):
+            if greedy:
+                if proposed == choices[i]:
+                    accepted += 1
+                    stats.accepted_per_position[i] += 1
+                    continue
+                next_token = choices[i]
+                break
             p = temperature_probs(logits[base + i])
             q = proposal_probs[i]
             q_d = 1.0 if q is None else float(q[proposed])
@@ -220,7 +232,10 @@ def generate(
             next_token = sample(residual / total, generator) if total > 0 else sample(p, generator)
             break
         if next_token is None:  # all accepted (or nothing proposed): the target's bonus token
-            next_token = sample(temperature_probs(logits[base + len(proposal)]), generator)
+            if greedy:
+                next_token = choices[len(proposal)]
+            else:
+                next_token = sample(temperature_probs(logits[base + len(proposal)]), generator)
         stats.draft_tokens_proposed += len(proposal)
         stats.draft_tokens_accepted += accepted
         if spec.adaptive_k and proposal:
@@ -273,7 +288,7 @@ def _draft_propose(small: _Model, tokens, budget, temperature_probs, generator, 
     stats.draft_passes += 1
     for step in range(budget):
         q = temperature_probs(logits[-1])
-        token = sample(q, generator)
+        token = int(q.argmax()) if float(q.max()) == 1.0 else sample(q, generator)
         proposal.append(token)
         probs.append(q)
         if step + 1 < budget:

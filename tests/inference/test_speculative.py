@@ -86,6 +86,12 @@ def test_greedy_speculation_is_token_for_token_the_targets_greedy_output(prompt,
         assert stats.target_passes == 40 and stats.draft_tokens_proposed == 0
 
 
+def test_speculation_off_ignores_a_loaded_draft():
+    prompt_ids = TOKENIZER.encode(PROMPTS[0])
+    _, stats = run(prompt_ids, draft=TARGET, max_tokens=12, speculative=SpeculativeConfig(method="off"))
+    assert (stats.target_passes, stats.draft_passes, stats.draft_tokens_proposed) == (12, 0, 0)
+
+
 def test_long_generation_with_many_rejections_stays_identical():
     prompt_ids = TOKENIZER.encode(PROMPTS[0])
     expected = TOKENIZER.decode(greedy_reference(prompt_ids, 200), skip_special_tokens=True)
