@@ -10,8 +10,9 @@ progress updates). The embed-only run sends the very chunk texts the pipeline em
 through the same embedder, in the same group size. ``ratio`` = pipeline chunks/s over
 embed-only chunks/s: the share of the pipeline's time that is embedding.
 After an untimed warm-up pass over the same texts (it loads the model and prepares the
-kernels for every input shape, for both sides), the embed-only run goes once before the
-pipeline and once after; the two are averaged.
+kernels for every input shape, for both sides), embed-only runs and pipeline runs
+alternate (``--rounds`` pipeline runs, each between two embed-only runs); each side's
+times are averaged.
 """
 
 from __future__ import annotations
@@ -27,20 +28,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", default=str(CRANFIELD), help="A BEIR-layout folder (default: Cranfield).")
     parser.add_argument("--docs", type=int, default=600, help="How many documents of the corpus to use.")
+    parser.add_argument("--rounds", type=int, default=2, help="Pipeline runs, alternated with embed-only runs.")
     args = parser.parse_args()
     django_setup()
 
     from pathlib import Path
 
-    from django.conf import settings
     from django.db import transaction
 
     from search.beir import corpus_read, is_beir_dir
     from search.embedders import DEFAULT_EMBEDDER, embedder_get
     from search.ingest import bulk
-    from search.ingest.chunking import chunk_text
     from search.ingest.parsers import parse_document
-    from search.ingest.pipeline import EMBED_GROUP, embedding_input
+    from search.ingest.pipeline import EMBED_GROUP, document_chunks, embedding_input
     from search.models import Chunk, Document, Workspace
     from search.services import collection_create, document_create, document_delete, workspace_create
 
@@ -58,13 +58,7 @@ def main() -> None:
     inputs = []
     for title, text in texts:
         parsed = parse_document(text.encode(), media_type="text/plain")
-        chunks = chunk_text(
-            parsed.text,
-            tokenize=embedder.token_offsets,
-            max_tokens=embedder.max_tokens,
-            overlap_tokens=settings.CHUNK_OVERLAP_TOKENS,
-            headings=parsed.headings,
-        )
+        chunks = document_chunks(parsed, embedder)
         inputs += [embedding_input(title or parsed.title or "", chunk) for chunk in chunks]
 
     def embed_only() -> float:
@@ -74,42 +68,56 @@ def main() -> None:
         return time.perf_counter() - begun
 
     embed_only()  # untimed: loads the model and warms the kernels for every input shape, for both sides
-    embed_before = embed_only()
 
     workspace = workspace_create(name="Benchmarks", slug="bench")
-    collection = collection_create(workspace=workspace, name=f"ingest-{uuid.uuid4().hex[:8]}")
+
+    def pipeline_once() -> tuple[float, float, int, int]:
+        """Store the texts as uploads in a new collection, then run the pipeline over them."""
+        collection = collection_create(workspace=workspace, name=f"ingest-{uuid.uuid4().hex[:8]}")
+        try:
+            started = time.perf_counter()
+            ids = []
+            for start in range(0, len(texts), bulk.BATCH_DOCUMENTS):
+                with transaction.atomic():  # one commit per batch of uploads, as manage.py ingest does
+                    for index, (title, text) in enumerate(texts[start : start + bulk.BATCH_DOCUMENTS], start):
+                        document, _ = document_create(
+                            collection=collection,
+                            source_name=f"doc-{index}.txt",
+                            content=text.encode(),
+                            title=title or None,
+                            enqueue=False,
+                        )
+                        ids.append(document.pk)
+            store = time.perf_counter() - started
+            started = time.perf_counter()
+            bulk.ingest_in_batches(ids)
+            seconds = time.perf_counter() - started
+            failed = Document.objects.filter(collection=collection, status=Document.Status.FAILED).count()
+            return store, seconds, failed, Chunk.objects.filter(collection=collection).count()
+        finally:
+            for document in Document.objects.filter(collection=collection):
+                document_delete(document=document)
+            collection.delete()
+
+    # Alternate the two sides so that the drift of a noisy machine falls on both alike.
+    embed_runs, pipeline_runs, store_runs = [], [], []
     try:
-        # The uploads, stored as the web tier would.
-        started = time.perf_counter()
-        ids = []
-        for start in range(0, len(texts), bulk.BATCH_DOCUMENTS):
-            with transaction.atomic():  # one commit per batch of uploads, as manage.py ingest does
-                for index, (title, text) in enumerate(texts[start : start + bulk.BATCH_DOCUMENTS], start):
-                    document, _ = document_create(
-                        collection=collection,
-                        source_name=f"doc-{index}.txt",
-                        content=text.encode(),
-                        title=title or None,
-                        enqueue=False,
-                    )
-                    ids.append(document.pk)
-        store_seconds = time.perf_counter() - started
-        # The pipeline: parse, chunk, embed and write, in batches.
-        started = time.perf_counter()
-        bulk.ingest_in_batches(ids)
-        pipeline_seconds = time.perf_counter() - started
-        failed = Document.objects.filter(collection=collection, status=Document.Status.FAILED).count()
-        chunk_count = Chunk.objects.filter(collection=collection).count()
-        embed_seconds = (embed_before + embed_only()) / 2
+        for _ in range(args.rounds):
+            embed_runs.append(embed_only())
+            store, seconds, failed, chunk_count = pipeline_once()
+            store_runs.append(store)
+            pipeline_runs.append(seconds)
+            if chunk_count != len(inputs):
+                raise SystemExit(
+                    f"the pipeline wrote {chunk_count} chunks ({failed} documents failed), "
+                    f"the embed-only run had {len(inputs)}"
+                )
+        embed_runs.append(embed_only())
     finally:
-        for document in Document.objects.filter(collection=collection):
-            document_delete(document=document)
-        collection.delete()
         Workspace.objects.filter(slug="bench", collections__isnull=True).delete()
-    if chunk_count != len(inputs):
-        raise SystemExit(
-            f"the pipeline wrote {chunk_count} chunks ({failed} documents failed), the embed-only run had {len(inputs)}"
-        )
+    embed_seconds = sum(embed_runs) / len(embed_runs)
+    pipeline_seconds = sum(pipeline_runs) / len(pipeline_runs)
+    store_seconds = sum(store_runs) / len(store_runs)
     chunks = inputs
 
     pipeline_rate = len(chunks) / pipeline_seconds
@@ -118,6 +126,7 @@ def main() -> None:
         "ingest",
         {
             "documents": len(texts),
+            "rounds": args.rounds,
             "failed": failed,
             "chunks": len(chunks),
             "upload_store_seconds": round(store_seconds, 2),

@@ -23,6 +23,8 @@ import numpy as np
 from django.conf import settings
 from django.core.cache import cache
 
+from inference.engine.hardware import cpu_has_bf16
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
@@ -44,15 +46,6 @@ class Embedder(Protocol):
     def embed_query(self, text: str) -> np.ndarray: ...
 
     def token_offsets(self, text: str) -> list[tuple[int, int]]: ...
-
-
-def _cpu_has_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            flags = handle.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 class LocalSentenceEmbedder:
@@ -89,7 +82,7 @@ class LocalSentenceEmbedder:
                 self.dimensions = model.get_embedding_dimension()
                 self.max_tokens = model.max_seq_length - 2
                 use_bf16 = self._precision == "bf16" or (
-                    self._precision == "auto" and (device == "cuda" or _cpu_has_bf16())
+                    self._precision == "auto" and (device == "cuda" or cpu_has_bf16())
                 )
                 self._autocast = (device, torch.bfloat16) if use_bf16 else None
                 # A copy of the tokenizer for chunking: encode() sets truncation to the model's

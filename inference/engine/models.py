@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.engine.hardware import cpu_has_bf16
 from inference.engine.speculative import GenerationError
 
 logger = logging.getLogger(__name__)
@@ -25,15 +26,6 @@ class LoadedModels:
     context_window: int
 
 
-def _cpu_has_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            flags = handle.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def default_device_and_dtype() -> tuple[str, torch.dtype]:
     """CUDA in bf16 (fp16 where bf16 is missing); CPU in bf16 where the CPU runs it natively.
 
@@ -42,7 +34,7 @@ def default_device_and_dtype() -> tuple[str, torch.dtype]:
     """
     if torch.cuda.is_available():
         return "cuda", torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return "cpu", torch.bfloat16 if _cpu_has_bf16() else torch.float32
+    return "cpu", torch.bfloat16 if cpu_has_bf16() else torch.float32
 
 
 def _load_tokenizer(name: str, field: str):

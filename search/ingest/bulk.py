@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from search.beir import corpus_read
-from search.ingest.pipeline import documents_ingest
+from search.ingest.pipeline import documents_ingest, documents_prepare, documents_write
 from search.models import Collection, Document
 from search.services import DocumentRejected, document_create
 
@@ -102,8 +103,37 @@ def pending(collection: Collection) -> list[int]:
 
 
 def ingest_in_batches(document_ids: list[int], on_documents_done: Callable[[int], None] | None = None) -> None:
-    for start in range(0, len(document_ids), BATCH_DOCUMENTS):
-        batch = document_ids[start : start + BATCH_DOCUMENTS]
-        documents_ingest(document_ids=batch)
-        if on_documents_done:
-            on_documents_done(len(batch))
+    """Run the pipeline batch by batch; a batch's database write overlaps the next batch's embedding.
+
+    The write runs in a thread with its own database connection, so the model keeps the
+    processor busy while PostgreSQL commits. Inside an open transaction (tests) another
+    connection could not see the documents, so there everything runs in sequence.
+    """
+    batches = [document_ids[start : start + BATCH_DOCUMENTS] for start in range(0, len(document_ids), BATCH_DOCUMENTS)]
+    if connection.in_atomic_block:
+        for batch in batches:
+            documents_ingest(document_ids=batch)
+            if on_documents_done:
+                on_documents_done(len(batch))
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-write") as writer:
+        pending: Future | None = None
+        pending_size = 0
+        for batch in batches:
+            _, prepared = documents_prepare(document_ids=batch)
+            if pending is not None:
+                pending.result()  # at most one write in flight; re-raises its error
+                if on_documents_done:
+                    on_documents_done(pending_size)
+            pending, pending_size = writer.submit(_write_in_thread, prepared), len(batch)
+        if pending is not None:
+            pending.result()
+            if on_documents_done:
+                on_documents_done(pending_size)
+
+
+def _write_in_thread(prepared) -> None:
+    try:
+        documents_write(prepared)
+    finally:
+        connection.close()  # this thread's own connection

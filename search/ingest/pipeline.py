@@ -70,6 +70,20 @@ def document_ingest(*, document_id: int) -> Document:
 
 
 def documents_ingest(*, document_ids: list[int], on_progress=None) -> list[Document]:
+    """Ingest several documents; see ``documents_prepare`` and ``documents_write``."""
+    documents, prepared = documents_prepare(document_ids=document_ids, on_progress=on_progress)
+    documents_write(prepared)
+    return [documents[pk] for pk in document_ids]
+
+
+def documents_write(prepared: list[_Prepared]) -> None:
+    """Write the prepared documents' chunks (one transaction) and schedule BM25 upkeep."""
+    chunks_write_batch([item for item in prepared if item.document.status != Document.Status.FAILED])
+    for collection_id in {item.document.collection_id for item in prepared}:
+        _refresh_bm25_if_drifted(collection_id)
+
+
+def documents_prepare(*, document_ids: list[int], on_progress=None) -> tuple[dict[int, Document], list[_Prepared]]:
     """Ingest several documents, embedding their chunks together in large batches.
 
     Each document still becomes visible in its own transaction, and fails on its own:
@@ -107,11 +121,7 @@ def documents_ingest(*, document_ids: list[int], on_progress=None) -> list[Docum
 
     _stage_update([item.document for item in prepared], Document.Status.EMBEDDING, prepared=prepared)
     _embed_all(prepared, on_progress)
-
-    chunks_write_batch([item for item in prepared if item.document.status != Document.Status.FAILED])
-    for collection_id in {item.document.collection_id for item in prepared}:
-        _refresh_bm25_if_drifted(collection_id)
-    return [documents[pk] for pk in document_ids]
+    return documents, prepared
 
 
 def _stage_update(
@@ -175,16 +185,21 @@ def _duplicates_of(items: list[tuple[Document, str]]) -> dict[int, str]:
     return reasons
 
 
-def _prepare(document: Document, parsed: ParsedDocument, text_sha256: str) -> _Prepared:
-    """Chunk one parsed document with its collection's embedder's tokenizer."""
-    embedder = embedder_get(document.collection.embedding_model)
-    chunks = chunk_text(
+def document_chunks(parsed: ParsedDocument, embedder: Embedder) -> list[TextChunk]:
+    """A parsed document's chunks, sized in the embedder's own tokens."""
+    return chunk_text(
         parsed.text,
         tokenize=embedder.token_offsets,
         max_tokens=embedder.max_tokens,
         overlap_tokens=settings.CHUNK_OVERLAP_TOKENS,
         headings=parsed.headings,
     )
+
+
+def _prepare(document: Document, parsed: ParsedDocument, text_sha256: str) -> _Prepared:
+    """Chunk one parsed document with its collection's embedder's tokenizer."""
+    embedder = embedder_get(document.collection.embedding_model)
+    chunks = document_chunks(parsed, embedder)
     if not chunks:
         raise IngestError("no text to index after chunking")
     title = document.title

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count
 
 from search.embedders import embedder_get
-from search.ingest.chunking import chunk_text
 from search.ingest.parsers import parse_document
 from search.ingest.pipeline import (
     chunks_insert,
     collection_bm25_refresh,
     document_bytes,
+    document_chunks,
     embedding_input,
 )
 from search.models import Chunk, Collection, Document
@@ -47,13 +46,7 @@ def collection_reembed(
         for index, document in enumerate(documents, 1):
             if document.pk not in done_ids:
                 parsed = parse_document(document_bytes(document), media_type=document.media_type)
-                chunks = chunk_text(
-                    parsed.text,
-                    tokenize=embedder.token_offsets,
-                    max_tokens=embedder.max_tokens,
-                    overlap_tokens=settings.CHUNK_OVERLAP_TOKENS,
-                    headings=parsed.headings,
-                )
+                chunks = document_chunks(parsed, embedder)
                 vectors = embedder.embed_documents([embedding_input(document.title, chunk) for chunk in chunks])
                 with transaction.atomic(), connection.cursor() as cursor:
                     chunks_insert(

@@ -221,3 +221,32 @@ def test_long_documents_are_chunked_to_the_end_after_the_model_has_run(collectio
     for previous, current in itertools.pairwise(chunks):
         assert current.start_offset <= previous.end_offset  # no gap between chunks
     assert all(chunk.token_count <= embedder.max_tokens for chunk in chunks)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bulk_ingestion_overlaps_writes_with_embedding_and_loses_nothing(monkeypatch, settings, tmp_path):
+    from search.ingest import bulk
+    from search.services import collection_create, workspace_create
+
+    settings.MEDIA_ROOT = tmp_path / "bulk-media"
+    collection = collection_create(workspace=workspace_create(name="Bulk", slug="bulk"), name="Bulk")
+    monkeypatch.setattr(bulk, "BATCH_DOCUMENTS", 2)  # 5 documents: 3 batches, 2 writes overlapped
+    texts = [f"Document {i} is about {word} and nothing else." for i, word in enumerate("abcde")]
+    texts.append(texts[0] + "\n")  # same text as the first, in a later batch: refused as a duplicate
+    ids = []
+    for index, text in enumerate(texts):
+        document, _ = document_create(
+            collection=collection, source_name=f"d{index}.txt", content=text.encode(), enqueue=False
+        )
+        ids.append(document.pk)
+    done = []
+    bulk.ingest_in_batches(ids, on_documents_done=done.append)
+
+    assert done == [2, 2, 2]
+    statuses = dict(Document.objects.filter(pk__in=ids).values_list("pk", "status"))
+    assert [statuses[pk] for pk in ids] == ["indexed"] * 5 + ["failed"]
+    assert Document.objects.get(pk=ids[-1]).error.startswith("same text as")
+    assert Chunk.objects.filter(collection=collection).count() == 5
+    assert term_stats(collection) == recomputed_term_stats(collection)
+    collection.refresh_from_db()
+    assert collection.chunk_count == 5
