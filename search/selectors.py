@@ -118,7 +118,6 @@ def chunk_search(
         "model": model,
         "models": sorted({c.embedding_model for c in collections}),
         "candidates": candidates,
-        "limit": candidates if per_document else top_k,
         "top_k": top_k,
         "config": config,
         "rrf_k": float(rrf_k or settings.SEARCH_RRF_K),

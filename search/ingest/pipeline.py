@@ -5,7 +5,7 @@ Stages are written to ``Document.status`` as they start (queued -> parsing -> ch
 All chunks of a document become visible in a single transaction, so a search sees a
 document entirely or not at all. Running the pipeline twice for the same document (a
 redelivered task) writes its chunks once: the write re-checks the status under a row
-lock and the ``(document, ordinal)`` constraint backs that up.
+lock and the ``(document, model, ordinal)`` constraint backs that up.
 """
 
 from __future__ import annotations
@@ -84,13 +84,13 @@ def documents_write(prepared: list[_Prepared]) -> None:
 
 
 def documents_prepare(*, document_ids: list[int], on_progress=None) -> tuple[dict[int, Document], list[_Prepared]]:
-    """Ingest several documents, embedding their chunks together in large batches.
+    """Parse, chunk and embed several documents; their chunks are embedded together in large calls.
 
-    Each document still becomes visible in its own transaction, and fails on its own:
-    bad input (unreadable files, duplicates, unknown embedders) ends as ``failed`` with
-    a reason while the others go on. Infrastructure errors (database, broker) propagate
-    so that the task is retried. ``on_progress(chunks_done)`` is called as batches finish.
-    Stage changes are written for the whole batch at once, one statement per stage.
+    Each document fails on its own: bad input (unreadable files, duplicates, unknown
+    embedders) ends as ``failed`` with a reason while the others go on. Infrastructure
+    errors (database, broker) propagate so that the task is retried. Stage changes are
+    written for the whole batch at once, one statement per stage; ``on_progress(chunks_done)``
+    is called as embedding calls finish. ``documents_write`` then commits the result.
     """
     documents = {d.pk: d for d in Document.objects.select_related("collection").filter(pk__in=document_ids)}
     missing = [pk for pk in document_ids if pk not in documents]
@@ -516,21 +516,25 @@ def chunks_remove(document_id: int, collection: Collection) -> None:
                 SELECT DISTINCT c.id, search_term_index(u.lexeme) AS term,
                        coalesce(array_length(u.positions, 1), 1) AS tf, u.lexeme
                 FROM search_chunk c, unnest(c.tsv) u
-                WHERE c.document_id = %(document)s AND search_bm25_lexeme(u.lexeme)
+                WHERE c.document_id = %(document)s AND c.embedding_model = %(model)s
+                  AND search_bm25_lexeme(u.lexeme)
             ), removed AS (
                 UPDATE search_termstat t SET df = t.df - r.n
                 FROM (SELECT term, count(DISTINCT id) AS n FROM terms GROUP BY term) r
                 WHERE t.collection_id = %(collection)s AND t.term = r.term
             )
-            SELECT (SELECT count(*) FROM search_chunk WHERE document_id = %(document)s), coalesce(sum(tf), 0)
+            SELECT (SELECT count(*) FROM search_chunk WHERE document_id = %(document)s AND embedding_model = %(model)s),
+                   coalesce(sum(tf), 0)
             FROM terms
             """,
-            {"document": document_id, "collection": collection.pk},
+            {"document": document_id, "collection": collection.pk, "model": collection.embedding_model},
         )
         chunk_count, lexemes = cursor.fetchone()
+        # Every copy goes (a re-embedding in progress may have written the new model's too),
+        # but only the current model's chunks are in the statistics.
+        cursor.execute("DELETE FROM search_chunk WHERE document_id = %s", [document_id])
         if not chunk_count:
             return
-        cursor.execute("DELETE FROM search_chunk WHERE document_id = %s", [document_id])
         cursor.execute("DELETE FROM search_termstat WHERE collection_id = %s AND df <= 0", [collection.pk])
     collection.chunk_count = max(0, collection.chunk_count - int(chunk_count))
     collection.lexeme_total = max(0, collection.lexeme_total - int(lexemes))
