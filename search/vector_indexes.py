@@ -117,4 +117,4 @@ def search_indexes_maintain(*, min_chunks: int) -> str | None:
             cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {BM25_INDEX_NAME}")
         cursor.execute(create_bm25_index_sql(concurrently=True))
     bm25_index_forget()
-    return f"created {BM25_INDEX_NAME} over {estimate} chunks"
+    return f"created {BM25_INDEX_NAME} (the table holds about {estimate} chunks)"
