@@ -167,11 +167,12 @@ def rows_make(base: np.ndarray, n: int, rng: np.random.Generator) -> tuple[np.nd
 
 def collection_load(collection, passages, tokens, picks, vectors) -> dict[str, float]:
     """Write documents and chunks the way the pipeline does, in bulk; returns the timings of each step."""
-    from django.conf import settings
     from django.db import connection, transaction
     from django.utils import timezone
-    from pgvector.psycopg import register_vector
 
+    from search.embedders import embedder_get
+    from search.ingest.chunking import TextChunk
+    from search.ingest.pipeline import chunks_insert, collection_statistics_rebuild
     from search.models import Collection, Document
     from search.vector_indexes import BM25_INDEX_NAME, index_name
 
@@ -203,89 +204,31 @@ def collection_load(collection, passages, tokens, picks, vectors) -> dict[str, f
     documents = Document.objects.bulk_create(documents, batch_size=1000)
     steps["documents"] = time.perf_counter() - started
 
-    params = {
-        "collection": collection.pk,
-        "config": collection.text_search_config,
-        "model": MODEL,
-        "dims": DIMENSIONS,
-        "k1": settings.BM25_K1,
-        "b": settings.BM25_B,
-    }
-    # pgvector's binary COPY support, registered before the cursor is opened (cursors copy the adapters).
-    connection.ensure_connection()
-    register_vector(connection.connection)
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(f"DROP INDEX IF EXISTS {index_name(DIMENSIONS)}")
-        cursor.execute(f"DROP INDEX IF EXISTS {BM25_INDEX_NAME}")
-        cursor.execute("SET LOCAL work_mem = '256MB'")
-
-        begun = time.perf_counter()
-        cursor.execute(
-            "CREATE TEMP TABLE search_chunk_staging (document_id bigint, ordinal int, text text,"
-            " start_offset int, end_offset int, token_count int, embedding vector) ON COMMIT DROP"
-        )
-        with (
-            cursor.copy(
-                "COPY search_chunk_staging (document_id, ordinal, text, start_offset, end_offset, token_count,"
-                " embedding) FROM STDIN WITH (FORMAT BINARY)"
-            ) as copy,
-            tqdm(total=n, desc="copy chunks", unit="row") as bar,
-        ):
-            copy.set_types(["int8", "int4", "text", "int4", "int4", "int4", "vector"])
+    def rows():
+        """``(document_id, chunk, vector)`` in document order, as the pipeline writes them."""
+        with tqdm(total=n, desc="copy chunks", unit="row") as bar:
             for document, (start, end) in zip(documents, spans, strict=True):
                 offset = 0
                 for ordinal, row in enumerate(range(start, end)):
                     j = picks[row]
                     text = passages[j][1]
-                    copy.write_row((document.pk, ordinal, text, offset, offset + len(text), tokens[j], vectors[row]))
+                    yield document.pk, TextChunk(ordinal, text, offset, offset + len(text), tokens[j]), vectors[row]
                     offset += len(text) + 1
                 bar.update(end - start)
-        steps["copy"] = time.perf_counter() - begun
 
-        # The average length (in counted lexemes) that the BM25 weights are computed with.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"DROP INDEX IF EXISTS {index_name(DIMENSIONS)}")
+        cursor.execute(f"DROP INDEX IF EXISTS {BM25_INDEX_NAME}")
+        cursor.execute("SET LOCAL work_mem = '256MB'")
+        # The pipeline's own write: binary COPY, then BM25 weights computed in SQL.
         begun = time.perf_counter()
-        cursor.execute(
-            "SELECT avg((SELECT sum(coalesce(array_length(u.positions, 1), 1))"
-            " FROM unnest(to_tsvector(%(config)s::regconfig, search_text_normalize(s.text))) u"
-            " WHERE search_bm25_lexeme(u.lexeme))) FROM search_chunk_staging s",
-            params,
-        )
-        params["avgdl"] = float(cursor.fetchone()[0] or 1.0)
-        cursor.execute(
-            """
-            INSERT INTO search_chunk (document_id, collection_id, ordinal, text, start_offset, end_offset,
-                                      token_count, embedding_model, embedding_dimensions, embedding, ts_config, bm25)
-            SELECT s.document_id, %(collection)s, s.ordinal, s.text, s.start_offset, s.end_offset, s.token_count,
-                   %(model)s, %(dims)s, s.embedding, %(config)s::regconfig,
-                   search_bm25_document_vector(
-                       to_tsvector(%(config)s::regconfig, search_text_normalize(s.text)), %(avgdl)s, %(k1)s, %(b)s
-                   )
-            FROM search_chunk_staging s
-            ORDER BY s.document_id, s.ordinal
-            """,
-            params,
-        )
+        avgdl = chunks_insert(cursor, collection, rows(), embedder_get(MODEL))
         steps["insert"] = time.perf_counter() - begun
-
-        # Document frequency per hashed lexeme, and the collection's total of counted lexemes.
+        # Document frequencies and lengths counted once for the whole load.
         begun = time.perf_counter()
-        cursor.execute(
-            """
-            WITH terms AS (
-                SELECT c.id, search_term_index(u.lexeme) AS term, coalesce(array_length(u.positions, 1), 1) AS tf
-                FROM search_chunk c, unnest(c.tsv) u
-                WHERE c.collection_id = %(collection)s AND search_bm25_lexeme(u.lexeme)
-            ), added AS (
-                INSERT INTO search_termstat (collection_id, term, df)
-                SELECT %(collection)s, term, count(DISTINCT id) FROM terms GROUP BY term ORDER BY term
-            )
-            SELECT coalesce(sum(tf), 0) FROM terms
-            """,
-            params,
-        )
-        lexemes = int(cursor.fetchone()[0])
+        chunk_count, lexemes = collection_statistics_rebuild(cursor, collection.pk)
         Collection.objects.filter(pk=collection.pk).update(
-            chunk_count=n, lexeme_total=lexemes, bm25_avgdl=params["avgdl"]
+            chunk_count=chunk_count, lexeme_total=lexemes, bm25_avgdl=avgdl
         )
         steps["termstat"] = time.perf_counter() - begun
 
@@ -295,7 +238,7 @@ def collection_load(collection, passages, tokens, picks, vectors) -> dict[str, f
         cursor.execute("ANALYZE search_termstat")
         cursor.execute("ANALYZE search_document")
     steps["vacuum_analyze"] = time.perf_counter() - begun
-    steps["avgdl"] = params["avgdl"]
+    steps["avgdl"] = avgdl
     return steps
 
 

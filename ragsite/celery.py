@@ -14,6 +14,8 @@ from enum import StrEnum
 from celery import Celery
 from kombu import Queue as KombuQueue
 
+from ragsite.beat import BEAT_SCHEDULE
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ragsite.settings")
 
 
@@ -61,13 +63,7 @@ app.conf.update(
 )
 
 
-def _beat_schedule():
-    from ragsite.beat import BEAT_SCHEDULE
-
-    return BEAT_SCHEDULE
-
-
-app.conf.beat_schedule = _beat_schedule()
+app.conf.beat_schedule = BEAT_SCHEDULE
 app.autodiscover_tasks()
 
 # Options for tasks that run for a long time (ingestion, generation): redelivered if

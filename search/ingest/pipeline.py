@@ -541,6 +541,32 @@ def chunks_remove(document_id: int, collection: Collection) -> None:
     collection.save(update_fields=["chunk_count", "lexeme_total"])
 
 
+def collection_statistics_rebuild(cursor, collection_id: int) -> tuple[int, int]:
+    """Recompute a collection's term frequencies from its chunks; returns (chunks, counted lexemes).
+
+    For bulk loads and model switches, where counting once beats updating per document.
+    Runs inside the caller's transaction.
+    """
+    cursor.execute("DELETE FROM search_termstat WHERE collection_id = %s", [collection_id])
+    cursor.execute(
+        """
+        WITH terms AS (
+            SELECT c.id, search_term_index(u.lexeme) AS term, coalesce(array_length(u.positions, 1), 1) AS tf
+            FROM search_chunk c, unnest(c.tsv) u
+            WHERE c.collection_id = %(collection)s AND search_bm25_lexeme(u.lexeme)
+        ), added AS (
+            INSERT INTO search_termstat (collection_id, term, df)
+            SELECT %(collection)s, term, count(DISTINCT id) FROM terms GROUP BY term ORDER BY term
+        )
+        SELECT (SELECT count(*) FROM search_chunk WHERE collection_id = %(collection)s), coalesce(sum(tf), 0)
+        FROM terms
+        """,
+        {"collection": collection_id},
+    )
+    chunks, lexemes = cursor.fetchone()
+    return int(chunks), int(lexemes)
+
+
 def _refresh_bm25_if_drifted(collection_id: int) -> None:
     collection = Collection.objects.get(pk=collection_id)
     if not collection.chunk_count or collection.bm25_avgdl <= 0:

@@ -20,6 +20,7 @@ from search.ingest.parsers import parse_document
 from search.ingest.pipeline import (
     chunks_insert,
     collection_bm25_refresh,
+    collection_statistics_rebuild,
     document_bytes,
     document_chunks,
     embedding_input,
@@ -67,24 +68,7 @@ def _switch(collection_id: int, model: str, dimensions: int) -> None:
         collection = Collection.objects.select_for_update().get(pk=collection_id)
         Chunk.objects.filter(collection=collection).exclude(embedding_model=model).delete()
         with connection.cursor() as cursor:
-            cursor.execute("DELETE FROM search_termstat WHERE collection_id = %s", [collection_id])
-            cursor.execute(
-                """
-                INSERT INTO search_termstat (collection_id, term, df)
-                SELECT %(collection)s, term, count(DISTINCT id)
-                FROM (SELECT c.id, search_term_index(u.lexeme) AS term FROM search_chunk c, unnest(c.tsv) u
-                      WHERE c.collection_id = %(collection)s AND search_bm25_lexeme(u.lexeme)) t
-                GROUP BY term
-                """,
-                {"collection": collection_id},
-            )
-            cursor.execute(
-                "SELECT count(DISTINCT c.id), coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0)"
-                " FROM search_chunk c LEFT JOIN LATERAL unnest(c.tsv) u ON search_bm25_lexeme(u.lexeme)"
-                " WHERE c.collection_id = %s",
-                [collection_id],
-            )
-            chunk_count, lexemes = cursor.fetchone()
+            chunk_count, lexemes = collection_statistics_rebuild(cursor, collection_id)
         collection.embedding_model = model
         collection.embedding_dimensions = dimensions
         collection.chunk_count = chunk_count
