@@ -30,7 +30,15 @@ class StreamWriter:
         self.key = stream_key(request_id)
         self.client = client or _client()
 
-    def write(self, kind: str, **data) -> str:
+    def history(self) -> tuple[int, str | None]:
+        """How many events the stream holds and the type of the last one (None if empty)."""
+        pipe = self.client.pipeline()
+        pipe.xlen(self.key)
+        pipe.xrevrange(self.key, count=1)
+        length, last = pipe.execute()
+        return length, (last[0][1][b"type"].decode() if last else None)
+
+    def write(self, kind: str, /, **data) -> str:
         pipe = self.client.pipeline()
         pipe.xadd(self.key, {"type": kind, "data": json.dumps(data)})
         pipe.expire(self.key, STREAM_TTL_SECONDS)

@@ -1,31 +1,67 @@
-"""Celery tasks of the generation pool (queue ``gpu``): one request, streamed into Redis."""
+"""Celery tasks of generation: one request, streamed into Redis.
+
+``generate_local`` runs the speculative-decoding engine on queue ``gpu``;
+``generate_remote`` calls an OpenAI-compatible upstream on queue ``remote`` (a threads-pool
+worker: the call is I/O-bound and must not hold the single GPU process).
+"""
 
 from __future__ import annotations
 
 import logging
 
 import torch
-from celery import shared_task
+from billiard.exceptions import WorkerLostError
+from celery import Task, shared_task
+from celery.exceptions import TimeLimitExceeded
+from celery.signals import task_failure
 
 from inference.engine import GenerationRequest, GenerationStats, SpeculativeConfig, generate
 from inference.engine.models import models_load
 from inference.engine.speculative import GenerationError
-from inference.streams import StreamWriter
-from ragsite.celery import LONG_TASK_OPTIONS
+from inference.remote import RemoteEndpoint, RemoteRequest, RemoteStats, UpstreamError, stream_chat
+from inference.streams import TERMINAL, StreamWriter
 
 logger = logging.getLogger(__name__)
 
+# A generation is acknowledged when it ends, however it ends, and never redelivered: its
+# stream may already hold tokens the reader has shown, and running it again would append a
+# second answer (and bill it twice). When the process running it dies, the worker's parent
+# ends the stream with an error instead (``_end_stream_of_lost_generation``).
+GENERATION_TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": False}
 
-@shared_task(name="inference.tasks.generate_local", bind=True, **LONG_TASK_OPTIONS)
+
+def _already_streamed(writer: StreamWriter) -> dict | None:
+    """Refuse to run a request twice: a message redelivered (after its whole worker vanished,
+    past the broker's visibility timeout) finds its stream already started."""
+    events, last = writer.history()
+    if not events:
+        return None
+    if last in TERMINAL:
+        return {"skipped": "already finished"}
+    writer.write(
+        "error",
+        field=None,
+        message=(
+            f"interrupted: the worker running this request was lost after {events} event"
+            f"{'s' if events != 1 else ''}; not restarted, so that no token is sent twice"
+        ),
+    )
+    return {"error": "interrupted"}
+
+
+@shared_task(name="inference.tasks.generate_local", bind=True, **GENERATION_TASK_OPTIONS)
 def generate_local(self, request_id: str, payload: dict) -> dict:
     """Run one generation on this process's device and stream it to ``gen:<request_id>``.
 
     ``payload``: model, draft_model, dtype (optional, e.g. "float32"), prompt (text) or
     prompt_ids, max_tokens, temperature, top_p, stop, seed, speculative {method, k, adaptive_k}.
     A bad request, an out-of-memory error or a crash inside the model fails this request
-    only (an ``error`` event with the reason); the worker goes on serving.
+    only (an ``error`` event with the reason); the worker goes on serving. A killed process
+    fails its request the same way (see ``GENERATION_TASK_OPTIONS``).
     """
     writer = StreamWriter(request_id)
+    if (refused := _already_streamed(writer)) is not None:
+        return refused
     try:
         models = models_load(payload["model"], payload.get("draft_model"), dtype=payload.get("dtype"))
         prompt_ids = payload.get("prompt_ids") or models.tokenizer.encode(payload["prompt"])
@@ -61,7 +97,11 @@ def generate_local(self, request_id: str, payload: dict) -> dict:
         return {"error": str(exc)}
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
-        writer.write("error", field=None, message="the GPU ran out of memory for this request")
+        writer.write(
+            "error",
+            field=None,
+            message="the GPU ran out of memory for this request; try fewer max_tokens or a shorter prompt",
+        )
         return {"error": "out of memory"}
     except (KeyError, TypeError, ValueError) as exc:
         writer.write("error", field=None, message=f"invalid request: {exc}")
@@ -70,3 +110,119 @@ def generate_local(self, request_id: str, payload: dict) -> dict:
         logger.exception("generation %s failed", request_id)
         writer.write("error", field=None, message=f"generation failed: {type(exc).__name__}: {exc}")
         return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+class _RedactedArgsTask(Task):
+    """Sends ``(request_id, payload)`` with the payload left out of ``argsrepr``, the copy of
+    the arguments that Celery puts in message headers, events and log records."""
+
+    def apply_async(self, args=None, kwargs=None, **options):
+        if args and "argsrepr" not in options:
+            options["argsrepr"] = repr((args[0], "<payload withheld>", *args[2:]))
+        return super().apply_async(args, kwargs, **options)
+
+
+def _remote_field(payload: dict, name: str, convert, default=None):
+    value = payload.get(name, default)
+    if value is None:
+        return None
+    try:
+        return convert(value)
+    except (TypeError, ValueError):
+        raise GenerationError(name, f"must be {convert.__name__}, got {value!r}") from None
+
+
+@shared_task(name="inference.tasks.generate_remote", bind=True, base=_RedactedArgsTask, **GENERATION_TASK_OPTIONS)
+def generate_remote(self, request_id: str, payload: dict) -> dict:
+    """Run one generation on an OpenAI-compatible upstream and stream it to ``gen:<request_id>``.
+
+    ``payload``: base_url, api_key, model, messages (or prompt, sent as one user message),
+    max_tokens, temperature, top_p, stop, seed, speculative {method, k, draft_model,
+    ngram_max, ngram_min}, connect_timeout_s, first_token_timeout_s, total_timeout_s,
+    extra_body. One attempt, no retries: the router owns those.
+
+    Events: ``delta`` {text}..., then ``stats`` (``RemoteStats.as_dict()``) or ``error``:
+    {field, message} for a request refused before any call, {field: null, kind, status,
+    retry_after_s, tokens_sent, retryable, message} for an upstream failure.
+
+    The key travels in the payload because upstream key storage does not exist yet; the
+    router will pass a key id instead and resolve it here. Until then the payload is never
+    logged, returned or put in ``argsrepr`` (see ``_RedactedArgsTask``), and error messages
+    never contain the key.
+    """
+    writer = StreamWriter(request_id)
+    if (refused := _already_streamed(writer)) is not None:
+        return refused
+    try:
+        messages = payload.get("messages")
+        if messages is None and payload.get("prompt") is not None:
+            messages = [{"role": "user", "content": str(payload["prompt"])}]
+        endpoint = RemoteEndpoint(
+            base_url=str(payload.get("base_url") or ""),
+            api_key=str(payload.get("api_key") or ""),
+            model=str(payload.get("model") or ""),
+            connect_timeout_s=_remote_field(payload, "connect_timeout_s", float, 5),
+            first_token_timeout_s=_remote_field(payload, "first_token_timeout_s", float, 30),
+            total_timeout_s=_remote_field(payload, "total_timeout_s", float, 300),
+            extra_body=payload.get("extra_body"),
+        )
+        request = RemoteRequest(
+            messages=messages,
+            max_tokens=_remote_field(payload, "max_tokens", int, 256),
+            temperature=_remote_field(payload, "temperature", float, 0.0),
+            top_p=_remote_field(payload, "top_p", float, 1.0),
+            stop=(payload["stop"],) if isinstance(payload.get("stop"), str) else tuple(payload.get("stop") or ()),
+            seed=_remote_field(payload, "seed", int),
+            speculative=payload.get("speculative"),
+        )
+        stats = None
+        for piece in stream_chat(endpoint, request):
+            if isinstance(piece, RemoteStats):
+                stats = piece
+            else:
+                writer.write("delta", text=piece)
+        result = stats.as_dict()
+        writer.write("stats", **result)
+        return result
+    except GenerationError as exc:
+        writer.write("error", field=exc.field, message=str(exc))
+        return {"error": str(exc)}
+    except UpstreamError as exc:
+        writer.write("error", field=None, **exc.as_dict())
+        return {"error": exc.kind, "status": exc.status, "tokens_sent": exc.tokens_sent}
+    except Exception as exc:  # a bug fails this request, not the worker; the payload is not logged
+        logger.exception("remote generation %s failed", request_id)
+        writer.write("error", field=None, kind=None, message=f"generation failed: {type(exc).__name__}")
+        return {"error": type(exc).__name__}
+
+
+@shared_task(name="inference.tasks.generate_routed", bind=True, base=_RedactedArgsTask, **GENERATION_TASK_OPTIONS)
+def generate_routed(self, request_id: str, payload: dict) -> dict:
+    """A generation on a route (``inference.router.submit``): keys, retries and failover,
+    the stream ``gen:<request_id>``, one ledger row. Sent to queue ``gpu`` for the local
+    pool and ``remote`` for an upstream; returns ``Outcome.result`` (text, stats, error,
+    route, provider, arm, attempts), which ``submit``'s ``link`` receives."""
+    from inference.execution import run_routed
+
+    writer = StreamWriter(request_id)
+    if (refused := _already_streamed(writer)) is not None:
+        return refused
+    return run_routed(request_id, payload)
+
+
+@task_failure.connect
+def _end_stream_of_lost_generation(sender=None, task_id=None, exception=None, args=None, **_):
+    """Runs in the worker's parent when a pool process died mid-generation (killed, out of
+    host memory, a crash in native code) or hit the hard time limit: the request's stream
+    gets its terminal ``error`` so that its reader stops waiting, and nothing is retried."""
+    if sender not in (generate_local, generate_remote, generate_routed) or not args:
+        return
+    if isinstance(exception, WorkerLostError):
+        reason = f"the worker process running this request died ({exception})"
+    elif isinstance(exception, TimeLimitExceeded):
+        reason = f"the request ran past the worker's hard time limit ({exception})"
+    else:
+        return
+    writer = StreamWriter(args[0])
+    if writer.history()[1] not in TERMINAL:
+        writer.write("error", field=None, message=f"{reason}; the request was not retried")

@@ -3,6 +3,8 @@
 Queues:
 - ``ingest``: parsing, chunking and embedding documents (CPU-heavy, long);
 - ``gpu``: generation on the speculative-decoding pool (one process per GPU, prefetch 1);
+- ``remote``: generation on an OpenAI-compatible upstream (I/O-bound: a threads-pool worker
+  holds many calls at once, and none of them waits behind, or holds, the GPU process);
 - ``default``: everything short (housekeeping, beat jobs, pings).
 """
 
@@ -22,6 +24,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ragsite.settings")
 class Queue(StrEnum):
     INGEST = "ingest"
     GPU = "gpu"
+    REMOTE = "remote"
     DEFAULT = "default"
 
 
@@ -29,6 +32,7 @@ class Queue(StrEnum):
 # having to remember it. Order matters: the first matching pattern wins.
 TASK_ROUTES = {
     "search.tasks.*": {"queue": Queue.INGEST.value},
+    "inference.tasks.generate_remote": {"queue": Queue.REMOTE.value},
     "inference.tasks.*": {"queue": Queue.GPU.value},
     "*": {"queue": Queue.DEFAULT.value},
 }
@@ -66,8 +70,9 @@ app.conf.update(
 app.conf.beat_schedule = BEAT_SCHEDULE
 app.autodiscover_tasks()
 
-# Options for tasks that run for a long time (ingestion, generation): redelivered if
-# the worker process dies mid-task, bounded by soft and hard limits from settings.
+# Options for long tasks that are safe to run again (ingestion): redelivered if the worker
+# process dies mid-task, bounded by soft and hard limits from settings. Generation is not
+# safe to repeat once it has streamed tokens: see inference.tasks.GENERATION_TASK_OPTIONS.
 LONG_TASK_OPTIONS = {
     "acks_late": True,
     "reject_on_worker_lost": True,

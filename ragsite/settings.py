@@ -7,6 +7,7 @@ PostgreSQL+pgvector and Redis under ``var/`` (see ``ragsite/embedded.py``).
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from pathlib import Path
 
@@ -130,6 +131,21 @@ if CELERY_TASK_TIME_LIMIT <= CELERY_TASK_SOFT_TIME_LIMIT:
         f"(got {CELERY_TASK_TIME_LIMIT} <= {CELERY_TASK_SOFT_TIME_LIMIT})"
     )
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+
+# Threads of the remote-generation worker that manage.py up starts (queue "remote"): each
+# holds one upstream call, which mostly waits on the network.
+# Upstream API keys are encrypted with these Fernet keys (comma-separated; the first
+# encrypts, all decrypt). Empty: a key derived from SECRET_KEY (inference/secrets.py).
+UPSTREAM_KEY_ENCRYPTION_KEYS = env_list("UPSTREAM_KEY_ENCRYPTION_KEYS", [])
+
+# Key of the HMAC that assigns clients to canary arms (inference/canary.py). Changing it
+# reshuffles who is in which arm; unset, it is derived from SECRET_KEY.
+CANARY_HASH_KEY = env_str("CANARY_HASH_KEY") or hashlib.sha256(f"canary-arms:{SECRET_KEY}".encode()).hexdigest()
+
+# GPUs for `manage.py up` to run one gpu worker each on (CUDA_VISIBLE_DEVICES per worker),
+# e.g. "0,1,2,3"; empty: one worker on whatever device torch finds (the CPU here).
+GPU_DEVICES = env_list("GPU_DEVICES", [])
+REMOTE_WORKER_CONCURRENCY = env_int("REMOTE_WORKER_CONCURRENCY", 16, minimum=1, maximum=1000)
 
 # How long /readyz waits for workers to answer a broadcast ping.
 READYZ_WORKER_TIMEOUT = env_float("READYZ_WORKER_TIMEOUT", 1.0, minimum=0.05)

@@ -47,10 +47,16 @@ class WorkerProcess:
 
 @contextmanager
 def celery_worker(
-    queues: list[str], tmp_path: Path, *, concurrency: int = 1, env: dict[str, str] | None = None
+    queues: list[str],
+    tmp_path: Path,
+    *,
+    concurrency: int = 1,
+    pool: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[WorkerProcess]:
     """A real Celery worker in its own process group, on the test database and Redis.
 
+    ``pool``: Celery's ``--pool`` (``threads`` for the ``remote`` queue); its default otherwise.
     Yields once the worker answers a broadcast ping, so tests never race its start-up.
     """
     from ragsite.celery import app
@@ -73,6 +79,7 @@ def celery_worker(
                 name,
                 "-c",
                 str(concurrency),
+                *(["--pool", pool] if pool else []),
                 "--loglevel",
                 "INFO",
                 "--without-gossip",
@@ -97,7 +104,8 @@ def celery_worker(
 
 @pytest.fixture
 def start_worker(tmp_path):
-    """Factory fixture: ``with start_worker(["default"]) as worker: ...``."""
+    """Factory fixture: ``with start_worker(["default"]) as worker: ...``;
+    ``start_worker(["remote"], pool="threads", concurrency=4)`` for the remote queue."""
 
     def factory(queues: list[str], **kwargs):
         return celery_worker(queues, tmp_path, **kwargs)

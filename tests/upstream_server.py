@@ -1,12 +1,64 @@
 """A stand-in for an OpenAI-compatible upstream, run by tests as a separate process.
 
-The only stand-in the test suite allows: it plays a remote provider (embeddings today),
-speaking the OpenAI HTTP protocol so the real ``openai`` client talks to it unchanged.
+The only stand-in the test suite allows: it plays a remote provider (embeddings and chat
+completions), speaking the OpenAI HTTP protocol so the real ``openai`` client talks to it
+unchanged.
 
     python -m tests.upstream_server PORT
 
 Embeddings are deterministic: each word is hashed into one of ``dimensions`` buckets and
 the counts are L2-normalised, so texts sharing words are close.
+
+Chat completions (``POST /v1/chat/completions``, streamed or not)
+    The reply is deterministic: if the last user message has a line ``REPLY: <text>``, the
+    reply is exactly ``<text>``; otherwise it is ``You said: `` followed by the first 12
+    words of the last user message. ``stop`` strings cut the reply before the first
+    occurrence; ``max_tokens`` (or ``max_completion_tokens``) cuts it to that many tokens
+    (``finish_reason`` "length", else "stop"). One token is one word with the whitespace
+    before it (``re.findall(r"\\s*\\S+")``), and a stream sends one token per chunk, so the
+    deltas join to the reply exactly. Streams are SSE over chunked transfer encoding, in
+    OpenAI's shape: a first chunk with the role and empty content, one chunk per token, a
+    chunk with the finish_reason and an empty delta, the usage chunk (``choices: []``)
+    only when ``stream_options.include_usage`` is true, then ``data: [DONE]``. Usage:
+    ``prompt_tokens`` is the number of whitespace-separated words in all messages'
+    contents, ``completion_tokens`` the tokens sent. Requests need ``Authorization:
+    Bearer <key>`` (any key is accepted unless scripted otherwise), a ``model`` and a
+    non-empty ``messages`` list (else 401/400 in OpenAI's error shape).
+
+Fault injection, per API key (so concurrent tests with different keys never interfere)
+    ``POST /_control/script`` ``{"api_key": K, "steps": [...]}`` replaces K's script. Each
+    chat request made with K takes the next step; once the steps run out, requests
+    succeed. A step is ``"ok"`` or an object combining:
+
+    - ``"status": N``: answer HTTP N at once with an OpenAI-shaped error body; with 429,
+      ``"retry_after_ms": N`` sends ``retry-after-ms``, ``"retry_after": "2"`` sends
+      ``Retry-After`` as given (seconds or an HTTP date); neither sends no header. The
+      401 message echoes the key, as some proxies do (OpenAI masks it), so tests can check
+      that clients keep keys out of their messages;
+    - ``"first_byte_delay_ms": N``: wait before sending anything, then go on;
+    - ``"token_delay_ms": N``: wait before each token chunk;
+    - ``"cut_after_tokens": N``: send N token chunks, then drop the connection mid-body
+      (no finish_reason, no ``[DONE]``, no end of the chunked body);
+    - ``"end_after_tokens": N``: send N token chunks, then end the body cleanly without a
+      finish_reason or ``[DONE]``;
+    - ``"no_usage": true``: never send the usage chunk;
+    - ``"repeat": true``: the step is not consumed and applies to every later request
+      (a revoked key: ``{"status": 401, "repeat": true}``).
+
+    ``GET /_control/log?api_key=K``: ``{"requests": [...]}``, K's requests in arrival
+    order, each with ``key`` (last 4 characters), ``model``, ``time`` (arrival, Unix
+    seconds), ``finished`` (when the response ended), ``step`` (the step applied, "ok"
+    when none), ``outcome`` ("ok", "status 429", "cut after 3 tokens", "client
+    disconnected after N tokens", ...), ``stream``, ``stream_options``,
+    ``speculative_config``, ``extra`` (every other non-standard body field), the sampling
+    fields, ``prompt_tokens`` and ``completion_tokens`` (the server's counts for the reply it
+    sent, reported or not) and ``usage_sent`` (whether a usage object went out).
+
+    ``POST /_control/reset``: forget every script and log, or only K's with
+    ``{"api_key": K}``.
+
+The module also has the small client the tests use for the control API
+(``upstream_script``, ``upstream_log``, ``upstream_reset``).
 """
 
 from __future__ import annotations
@@ -16,7 +68,60 @@ import json
 import math
 import re
 import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+STEP_KEYS = {
+    "status",
+    "retry_after_ms",
+    "retry_after",
+    "first_byte_delay_ms",
+    "token_delay_ms",
+    "cut_after_tokens",
+    "end_after_tokens",
+    "no_usage",
+    "repeat",
+}
+# Fields of the chat completions API; anything else in a body is logged under "extra".
+CHAT_FIELDS = {
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "n",
+    "user",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "metadata",
+    "store",
+    "service_tier",
+    "reasoning_effort",
+}
+ERROR_TYPES = {
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("invalid_request_error", "unsupported_country_region_territory"),
+    404: ("invalid_request_error", "model_not_found"),
+    422: ("invalid_request_error", None),
+    429: ("requests", "rate_limit_exceeded"),
+}
 
 
 def hashed_embedding(text: str, dimensions: int) -> list[float]:
@@ -28,21 +133,114 @@ def hashed_embedding(text: str, dimensions: int) -> list[float]:
     return [x / norm for x in vector]
 
 
+# --------------------------------------------------------------------------- replies
+
+
+def message_text(message: dict) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
+
+
+def reply_text(messages: list[dict]) -> str:
+    users = [message_text(m) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    last = users[-1] if users else ""
+    for line in last.splitlines():
+        if line.startswith("REPLY:"):
+            return line[len("REPLY:") :].removeprefix(" ")
+    return "You said: " + " ".join(last.split()[:12])
+
+
+def tokens_of(text: str) -> list[str]:
+    return re.findall(r"\s*\S+", text)
+
+
+def prompt_tokens_of(messages: list[dict]) -> int:
+    return sum(len(message_text(m).split()) for m in messages if isinstance(m, dict))
+
+
+# --------------------------------------------------------------------------- state
+
+
+class State:
+    """Scripts and logs per API key, shared by the server's threads."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.scripts: dict[str, list] = {}
+        self.logs: dict[str, list[dict]] = {}
+
+    def next_step(self, key: str) -> dict | str:
+        with self.lock:
+            steps = self.scripts.get(key) or []
+            if not steps:
+                return "ok"
+            step = steps[0]
+            if not (isinstance(step, dict) and step.get("repeat")):
+                steps.pop(0)
+            return step
+
+    def record(self, key: str, entry: dict) -> None:
+        with self.lock:
+            self.logs.setdefault(key, []).append(entry)
+
+    def finish(self, entry: dict, outcome: str, **fields) -> None:
+        with self.lock:
+            entry.update(outcome=outcome, finished=time.time(), **fields)
+
+    def log(self, key: str) -> list[dict]:
+        with self.lock:
+            return json.loads(json.dumps(self.logs.get(key, [])))
+
+    def reset(self, key: str | None) -> None:
+        with self.lock:
+            if key is None:
+                self.scripts.clear()
+                self.logs.clear()
+            else:
+                self.scripts.pop(key, None)
+                self.logs.pop(key, None)
+
+
+STATE = State()
+
+
+class ClientGone(Exception):
+    pass
+
+
 class Handler(BaseHTTPRequestHandler):
+    # HTTP/1.1 for chunked streams; every response carries Content-Length or is chunked.
+    protocol_version = "HTTP/1.1"
+
     def log_message(self, format, *args):  # keep test output quiet
         pass
 
-    def _json(self, status: int, body: dict) -> None:
+    def _json(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
         payload = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(payload)
 
+    def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        error_type, code = ERROR_TYPES.get(status, ("server_error" if status >= 500 else "invalid_request_error", None))
+        self._json(status, {"error": {"message": message, "type": error_type, "param": None, "code": code}}, headers)
+
     def do_GET(self):
-        if self.path.rstrip("/") == "/healthz":
+        url = urllib.parse.urlsplit(self.path)
+        if url.path.rstrip("/") == "/healthz":
             self._json(200, {"status": "ok"})
+        elif url.path == "/_control/log":
+            key = urllib.parse.parse_qs(url.query).get("api_key", [None])[0]
+            if not key:
+                self._error(400, "api_key is required")
+            else:
+                self._json(200, {"requests": STATE.log(key)})
         else:
             self._json(404, {"error": {"message": "not found", "type": "invalid_request_error"}})
 
@@ -63,12 +261,228 @@ class Handler(BaseHTTPRequestHandler):
                     "usage": {"prompt_tokens": sum(len(t.split()) for t in inputs), "total_tokens": 0},
                 },
             )
+        elif self.path == "/v1/chat/completions":
+            self._chat(body)
+        elif self.path == "/_control/script":
+            self._script(body)
+        elif self.path == "/_control/reset":
+            STATE.reset(body.get("api_key"))
+            self._json(200, {"ok": True})
         else:
             self._json(404, {"error": {"message": f"no route {self.path}", "type": "invalid_request_error"}})
+
+    # ------------------------------------------------------------------ control
+
+    def _script(self, body: dict) -> None:
+        key, steps = body.get("api_key"), body.get("steps")
+        if not key or not isinstance(steps, list):
+            self._error(400, 'expected {"api_key": K, "steps": [...]}')
+            return
+        for step in steps:
+            if step != "ok" and not (isinstance(step, dict) and set(step) <= STEP_KEYS):
+                self._error(400, f"bad step {step!r}: 'ok' or an object with keys among {sorted(STEP_KEYS)}")
+                return
+        with STATE.lock:
+            STATE.scripts[key] = list(steps)
+        self._json(200, {"ok": True, "steps": len(steps)})
+
+    # ------------------------------------------------------------------ chat
+
+    def _chat(self, body: dict) -> None:
+        auth = self.headers.get("Authorization", "")
+        key = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
+        if not key:
+            self._error(401, "You didn't provide an API key.")
+            return
+        step = STATE.next_step(key)
+        options = {} if step == "ok" else step
+        entry = {
+            "key": key[-4:],
+            "model": body.get("model"),
+            "time": time.time(),
+            "finished": None,
+            "step": step,
+            "outcome": None,
+            "stream": bool(body.get("stream")),
+            "stream_options": body.get("stream_options"),
+            "speculative_config": body.get("speculative_config"),
+            "extra": {name: value for name, value in body.items() if name not in CHAT_FIELDS},
+            "max_tokens": body.get("max_tokens", body.get("max_completion_tokens")),
+            "temperature": body.get("temperature"),
+            "top_p": body.get("top_p"),
+            "seed": body.get("seed"),
+            "stop": body.get("stop"),
+            "prompt_tokens": None,
+            "completion_tokens": None,
+            "usage_sent": False,
+        }
+        STATE.record(key, entry)
+        sent = 0
+        try:
+            if options.get("first_byte_delay_ms"):
+                time.sleep(options["first_byte_delay_ms"] / 1000)
+            status = options.get("status")
+            if status:
+                self._scripted_error(int(status), options, key)
+                STATE.finish(entry, f"status {status}")
+                return
+            messages = body.get("messages")
+            if not body.get("model") or not isinstance(messages, list) or not messages:
+                self._error(400, "model and a non-empty messages list are required")
+                STATE.finish(entry, "status 400")
+                return
+            max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+            if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+                self._error(400, f"max_tokens must be a positive integer, got {max_tokens!r}")
+                STATE.finish(entry, "status 400")
+                return
+
+            text = reply_text(messages)
+            stops = body.get("stop") or []
+            for stop in [stops] if isinstance(stops, str) else stops:
+                if stop and stop in text:
+                    text = text[: text.index(stop)]
+            tokens = tokens_of(text)
+            finish_reason = "stop"
+            if max_tokens is not None and len(tokens) > max_tokens:
+                tokens, finish_reason = tokens[:max_tokens], "length"
+            prompt_tokens = prompt_tokens_of(messages)
+            if not body.get("stream"):
+                self._json(200, self._completion(body, "".join(tokens), finish_reason, prompt_tokens, len(tokens)))
+                STATE.finish(entry, "ok", prompt_tokens=prompt_tokens, completion_tokens=len(tokens), usage_sent=True)
+                return
+            outcome, sent, usage_sent = self._stream(body, options, tokens, finish_reason, prompt_tokens)
+            STATE.finish(entry, outcome, prompt_tokens=prompt_tokens, completion_tokens=sent, usage_sent=usage_sent)
+        except ClientGone as gone:
+            self.close_connection = True
+            STATE.finish(entry, f"client disconnected after {gone.args[0]} tokens")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+            STATE.finish(entry, f"client disconnected after {sent} tokens")
+
+    def _scripted_error(self, status: int, options: dict, key: str) -> None:
+        headers = {}
+        if options.get("retry_after_ms") is not None:
+            headers["retry-after-ms"] = str(options["retry_after_ms"])
+        if options.get("retry_after") is not None:
+            headers["Retry-After"] = str(options["retry_after"])
+        messages = {
+            401: f"Incorrect API key provided: {key}. You can find your API key at https://example.invalid/keys.",
+            403: "Your key is not allowed to use this model.",
+            404: "The model does not exist or you do not have access to it.",
+            429: "Rate limit reached for requests. Please try again later.",
+        }
+        default = "The server had an error while processing your request." if status >= 500 else "Bad request."
+        self._error(status, messages.get(status, default), headers)
+
+    def _base(self, body: dict, created: int, completion_id: str) -> dict:
+        return {"id": completion_id, "created": created, "model": body["model"], "system_fingerprint": "stand-in"}
+
+    def _completion(self, body: dict, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int):
+        return {
+            **self._base(body, int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"),
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    def _write_chunk(self, data: bytes, sent: int) -> None:
+        try:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            raise ClientGone(sent) from None
+
+    def _stream(self, body: dict, options: dict, tokens: list[str], finish_reason: str, prompt_tokens: int):
+        """Send the SSE stream; returns (outcome, tokens sent, whether usage was sent)."""
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and not options.get("no_usage")
+        base = {**self._base(body, int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"), "object": "chat.completion.chunk"}
+        usage_field = {"usage": None} if include_usage else {}
+
+        def event(delta: dict, finish: str | None = None) -> bytes:
+            chunk = {
+                **base,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                **usage_field,
+            }
+            return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        sent = 0
+        self._write_chunk(event({"role": "assistant", "content": "", "refusal": None}), sent)
+        cut, end = options.get("cut_after_tokens"), options.get("end_after_tokens")
+        for token in tokens:
+            if cut is not None and sent >= cut:
+                break
+            if end is not None and sent >= end:
+                break
+            if options.get("token_delay_ms"):
+                time.sleep(options["token_delay_ms"] / 1000)
+            self._write_chunk(event({"content": token}), sent)
+            sent += 1
+        if cut is not None and sent >= cut:
+            self.close_connection = True  # the socket closes with the chunked body unfinished
+            return f"cut after {sent} tokens", sent, False
+        if end is not None and sent >= end:
+            self._write_chunk(b"", sent)  # a zero-length chunk ends the body, cleanly
+            return f"ended after {sent} tokens", sent, False
+        self._write_chunk(event({}, finish_reason), sent)
+        if include_usage:
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}
+            self._write_chunk(b"data: " + json.dumps({**base, "choices": [], "usage": usage}).encode() + b"\n\n", sent)
+        self._write_chunk(b"data: [DONE]\n\n", sent)
+        self._write_chunk(b"", sent)
+        return "ok", sent, include_usage
+
+
+# --------------------------------------------------------------------------- client for tests
+
+
+def _control_base(base_url: str) -> str:
+    """The server's root from the fixture's ``http://127.0.0.1:PORT/v1``."""
+    return base_url.removesuffix("/").removesuffix("/v1")
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def upstream_script(base_url: str, api_key: str, steps: list) -> None:
+    _post(f"{_control_base(base_url)}/_control/script", {"api_key": api_key, "steps": steps})
+
+
+def upstream_log(base_url: str, api_key: str) -> list[dict]:
+    query = urllib.parse.urlencode({"api_key": api_key})
+    with urllib.request.urlopen(f"{_control_base(base_url)}/_control/log?{query}", timeout=10) as response:
+        return json.loads(response.read())["requests"]
+
+
+def upstream_reset(base_url: str, api_key: str | None = None) -> None:
+    _post(f"{_control_base(base_url)}/_control/reset", {"api_key": api_key} if api_key else {})
 
 
 def main() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+    server.daemon_threads = True
     server.serve_forever()
 
 

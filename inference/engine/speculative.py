@@ -15,6 +15,8 @@ accepted prefix (rollback), and the token drawn from the target becomes ``pendin
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -67,6 +69,10 @@ class GenerationStats:
     # Accepted proposals by position in the proposal (vLLM's "accepted tokens per position").
     accepted_per_position: list[int] = field(default_factory=list)
     time_to_first_token_ms: float = 0.0
+    # Until the prompt has been through the target (the first target pass, with the draft's
+    # own prompt pass before it); what follows is decoding, the part speculation speeds up.
+    prefill_ms: float = 0.0
+    prefill_round_tokens: int = 0  # tokens the first round committed
     total_ms: float = 0.0
     finish_reason: str = "length"
     token_ids: list[int] = field(default_factory=list)  # the completion's tokens
@@ -96,6 +102,7 @@ class GenerationStats:
             "target_passes": self.target_passes,
             "draft_passes": self.draft_passes,
             "time_to_first_token_ms": round(self.time_to_first_token_ms, 2),
+            "prefill_ms": round(self.prefill_ms, 2),
             "tokens_per_s": round(self.tokens_per_s, 2),
             "total_ms": round(self.total_ms, 2),
             "finish_reason": self.finish_reason,
@@ -108,14 +115,19 @@ class _Model:
     cache: DynamicCache
     length: int = 0  # tokens in the cache
 
-    def forward(self, tokens: list[int]) -> torch.Tensor:
-        """Feed ``tokens`` after the cached prefix; returns fp32 logits for each position."""
+    def forward(self, tokens: list[int], keep: int) -> torch.Tensor:
+        """Feed ``tokens`` after the cached prefix; fp32 logits for the last ``keep`` positions.
+
+        Only those rows go through the output head: on a prompt pass the others would cost
+        a (prompt x vocabulary) product and its conversion for nothing.
+        """
         device = next(self.model.parameters()).device
         input_ids = torch.tensor([tokens], dtype=torch.long, device=device)
+        extra = {"logits_to_keep": keep} if _takes_logits_to_keep(self.model) else {}
         with torch.inference_mode():
-            output = self.model(input_ids=input_ids, cache=self.cache, use_cache=True)
+            output = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, **extra)
         self.length += len(tokens)
-        return output.logits[0].float()
+        return output.logits[0, -keep:].float()
 
     def crop(self, length: int) -> None:
         if length < self.length:
@@ -124,7 +136,9 @@ class _Model:
             self.length = length
 
 
-def validate(request: GenerationRequest, *, context_window: int, has_draft: bool) -> None:
+def validate(
+    request: GenerationRequest, *, context_window: int, has_draft: bool, vocab_size: int | None = None
+) -> None:
     spec = request.speculative
     if spec.method not in METHODS:
         raise GenerationError("speculative.method", f"must be one of {', '.join(METHODS)}, got {spec.method!r}")
@@ -140,6 +154,12 @@ def validate(request: GenerationRequest, *, context_window: int, has_draft: bool
         raise GenerationError("max_tokens", f"must be at least 1, got {request.max_tokens}")
     if not request.prompt_ids:
         raise GenerationError("prompt", "is empty")
+    if vocab_size is not None:
+        outside = [t for t in request.prompt_ids if not 0 <= t < vocab_size]
+        if outside:
+            raise GenerationError(
+                "prompt_ids", f"token id {outside[0]} is outside the model's vocabulary (0..{vocab_size - 1})"
+            )
     if len(request.prompt_ids) + request.max_tokens > context_window:
         raise GenerationError(
             "max_tokens",
@@ -158,7 +178,8 @@ def generate(
 ) -> Iterator[str | GenerationStats]:
     """Yield text deltas as tokens are committed, then the final ``GenerationStats``."""
     window = context_window or int(getattr(target.config, "max_position_embeddings", 2048))
-    validate(request, context_window=window, has_draft=draft is not None)
+    vocab_size = target.get_output_embeddings().weight.shape[0]
+    validate(request, context_window=window, has_draft=draft is not None, vocab_size=vocab_size)
     spec = request.speculative
     started = time.perf_counter()
     generator = None
@@ -195,17 +216,18 @@ def generate(
         if budget and not proposal and small is not None:
             proposal, proposal_probs = _draft_propose(small, tokens, budget, temperature_probs, generator, stats)
 
-        logits = big.forward(tokens[pending_from:] + proposal)
+        logits = big.forward(tokens[pending_from:] + proposal, keep=len(proposal) + 1)
         stats.target_passes += 1
-        # logits[-(len(proposal)+1)] is the distribution after the last committed token.
-        base = logits.shape[0] - len(proposal) - 1
+        if stats.target_passes == 1:
+            stats.prefill_ms = (time.perf_counter() - started) * 1000
+        # logits[i] is the distribution after the last committed token and proposal[:i].
         committed_before = len(tokens)
         accepted = 0
         next_token = None
         greedy = request.temperature == 0
         if greedy:
             # Greedy fast path: the target's argmax at every position, in one call.
-            choices = logits[base:].argmax(dim=-1).tolist()
+            choices = logits.argmax(dim=-1).tolist()
         for i, proposed in enumerate(proposal):
             if greedy:
                 if proposed == choices[i]:
@@ -214,7 +236,7 @@ def generate(
                     continue
                 next_token = choices[i]
                 break
-            p = temperature_probs(logits[base + i])
+            p = temperature_probs(logits[i])
             q = proposal_probs[i]
             q_d = 1.0 if q is None else float(q[proposed])
             ratio = float(p[proposed]) / q_d if q_d > 0 else 0.0
@@ -235,7 +257,7 @@ def generate(
             if greedy:
                 next_token = choices[len(proposal)]
             else:
-                next_token = sample(temperature_probs(logits[base + len(proposal)]), generator)
+                next_token = sample(temperature_probs(logits[len(proposal)]), generator)
         stats.draft_tokens_proposed += len(proposal)
         stats.draft_tokens_accepted += accepted
         if spec.adaptive_k and proposal:
@@ -249,6 +271,8 @@ def generate(
         if small is not None:
             small.crop(min(small.length, committed_before + accepted))
         pending_from = committed_before + accepted
+        if stats.target_passes == 1:
+            stats.prefill_round_tokens = len(new_tokens)
 
         for token in new_tokens:
             if token in eos_ids:
@@ -284,7 +308,7 @@ def _draft_propose(small: _Model, tokens, budget, temperature_probs, generator, 
     """The draft model proposes ``budget`` tokens autoregressively, with its probabilities."""
     proposal: list[int] = []
     probs: list[torch.Tensor] = []
-    logits = small.forward(tokens[small.length :])
+    logits = small.forward(tokens[small.length :], keep=1)
     stats.draft_passes += 1
     for step in range(budget):
         q = temperature_probs(logits[-1])
@@ -292,9 +316,18 @@ def _draft_propose(small: _Model, tokens, budget, temperature_probs, generator, 
         proposal.append(token)
         probs.append(q)
         if step + 1 < budget:
-            logits = small.forward([token])
+            logits = small.forward([token], keep=1)
             stats.draft_passes += 1
     return proposal, probs
+
+
+@functools.cache
+def _forward_parameters(model_class: type) -> frozenset[str]:
+    return frozenset(inspect.signature(model_class.forward).parameters)
+
+
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    return "logits_to_keep" in _forward_parameters(type(model))
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

@@ -171,3 +171,7 @@ def test_invalid_requests_name_the_field():
         assert excinfo.value.field == field
     with pytest.raises(GenerationError, match="needs a draft model"):
         run(prompt_ids, speculative=SpeculativeConfig("draft"))
+    vocab_size = TARGET.config.vocab_size
+    with pytest.raises(GenerationError, match=f"token id {vocab_size} is outside .*0..{vocab_size - 1}") as excinfo:
+        run([*prompt_ids, vocab_size])
+    assert excinfo.value.field == "prompt_ids"

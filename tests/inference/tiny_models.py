@@ -25,7 +25,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
-def tiny_llama(seed: int, *, layers: int = 2, vocab_size: int | None = None, eos: bool = False) -> LlamaForCausalLM:
+def tiny_llama(
+    seed: int, *, layers: int = 2, vocab_size: int | None = None, eos: bool = False, max_positions: int = 512
+) -> LlamaForCausalLM:
     """A random Llama; ``eos=False`` keeps generations going to max_tokens (EOS never wins)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -35,7 +37,7 @@ def tiny_llama(seed: int, *, layers: int = 2, vocab_size: int | None = None, eos
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=max_positions,
         bos_token_id=1,
         eos_token_id=2,
         tie_word_embeddings=False,

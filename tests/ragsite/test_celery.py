@@ -10,8 +10,8 @@ from ragsite.tasks import ping
 
 
 def test_queues_are_declared_in_one_enum():
-    assert [queue.value for queue in Queue] == ["ingest", "gpu", "default"]
-    assert sorted(queue.name for queue in app.conf.task_queues) == ["default", "gpu", "ingest"]
+    assert [queue.value for queue in Queue] == ["ingest", "gpu", "remote", "default"]
+    assert sorted(queue.name for queue in app.conf.task_queues) == ["default", "gpu", "ingest", "remote"]
     assert app.conf.task_default_queue == "default"
 
 
@@ -20,6 +20,9 @@ def test_queues_are_declared_in_one_enum():
     [
         ("search.tasks.document_ingest", "ingest"),
         ("inference.tasks.generate", "gpu"),
+        ("inference.tasks.generate_local", "gpu"),
+        # Listed before the inference.tasks.* pattern, so it wins.
+        ("inference.tasks.generate_remote", "remote"),
         ("ragsite.tasks.ping", "default"),
         ("billing.tasks.usage_rollup", "default"),
     ],
@@ -44,6 +47,9 @@ def test_beat_schedule_lives_in_one_module():
     from ragsite.beat import BEAT_SCHEDULE
 
     assert app.conf.beat_schedule == BEAT_SCHEDULE
+    # What a worker or beat does at start: import every app's tasks module (autodiscovery is
+    # lazy, so otherwise the result depends on which tests imported what before).
+    app.loader.import_default_modules()
     for entry in BEAT_SCHEDULE.values():
         assert entry["task"] in app.tasks, entry["task"]
 

@@ -30,9 +30,9 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 ENV_EXAMPLE = ROOT / ".env.example"
 
-SERVICES = {"db", "redis", "migrate", "web", "worker", "gpu-worker", "beat"}
-APP_SERVICES = {"migrate", "web", "worker", "gpu-worker", "beat"}
-CELERY_WORKERS = {"worker", "gpu-worker"}
+SERVICES = {"db", "redis", "migrate", "web", "worker", "gpu-worker", "remote-worker", "beat"}
+APP_SERVICES = {"migrate", "web", "worker", "gpu-worker", "remote-worker", "beat"}
+CELERY_WORKERS = {"worker", "gpu-worker", "remote-worker"}
 LONG_RUNNING_APP_SERVICES = APP_SERVICES - {"migrate"}
 
 # What an operator must put in .env; everything else has a default.
@@ -322,6 +322,14 @@ def test_workers_consume_every_queue_and_only_known_queues(services, django_read
     assert set().union(*consumed.values()) == known
     assert consumed["gpu-worker"] == {Queue.GPU.value}
     assert consumed["worker"] == {Queue.INGEST.value, Queue.DEFAULT.value}
+    assert consumed["remote-worker"] == {Queue.REMOTE.value}
+
+
+def test_remote_worker_runs_threads(services):
+    # Remote generation waits on the network: many calls per process, not one per process.
+    args = argv(services["remote-worker"]["command"])
+    assert single_option(args, "-P", "--pool") == "threads"
+    assert int(single_option(args, "-c", "--concurrency")) == 16
 
 
 def test_gpu_worker_runs_one_process_taking_one_message_at_a_time(services):
@@ -455,7 +463,7 @@ def test_uploads_live_on_a_volume_shared_by_web_and_the_ingest_worker(services):
 def test_healthchecks(services):
     assert re.match(r"pg_isready( |$)", healthcheck_command(services["db"]))
     assert "redis-cli ping" in healthcheck_command(services["redis"])
-    for name in ("web", "worker", "gpu-worker"):
+    for name in ("web", "worker", "gpu-worker", "remote-worker"):
         healthcheck_command(services[name])
 
 

@@ -23,12 +23,17 @@ def test_readyz_is_not_ready_without_workers(client):
     assert body["checks"]["queues"] == {
         "ingest": {"ok": False, "workers": []},
         "gpu": {"ok": False, "workers": []},
+        "remote": {"ok": False, "workers": []},
         "default": {"ok": False, "workers": []},
     }
 
 
 def test_readyz_follows_the_workers(client, start_worker):
-    with start_worker(["ingest", "default"]) as cpu_worker, start_worker(["gpu"]) as gpu_worker:
+    with (
+        start_worker(["ingest", "default"]) as cpu_worker,
+        start_worker(["gpu"]) as gpu_worker,
+        start_worker(["remote"], pool="threads", concurrency=2) as remote_worker,
+    ):
         ready = client.get("/readyz")
         assert ready.status_code == 200, ready.json()
         body = ready.json()
@@ -37,6 +42,7 @@ def test_readyz_follows_the_workers(client, start_worker):
         assert body["checks"]["queues"] == {
             "ingest": {"ok": True, "workers": [cpu_worker.name]},
             "gpu": {"ok": True, "workers": [gpu_worker.name]},
+            "remote": {"ok": True, "workers": [remote_worker.name]},
             "default": {"ok": True, "workers": [cpu_worker.name]},
         }
         assert gpu_worker.stop() == 0

@@ -118,6 +118,7 @@ def test_up_runs_the_whole_system_and_a_second_run_keeps_the_data(tmp_path):
         assert {name: entry["ok"] for name, entry in ready["checks"]["queues"].items()} == {
             "ingest": True,
             "gpu": True,
+            "remote": True,
             "default": True,
         }
         assert ready["checks"]["database"]["pgvector"] == "0.8.6"
@@ -154,3 +155,23 @@ def test_up_runs_the_whole_system_and_a_second_run_keeps_the_data(tmp_path):
         assert _admin_login(second.base, "ops", "correct horse battery staple") == f"{second.base}/admin/"
     finally:
         assert second.interrupt() == 0, second.log()[-5000:]
+
+
+def test_each_listed_gpu_gets_a_worker_that_sees_only_that_device(settings):
+    from ragsite.management.commands.up import Command
+
+    settings.GPU_DEVICES = ["0", "3"]
+    children = Command()._gpu_children("python", {"gpu_workers": 4})
+    assert [child.name for child in children] == ["gpu0", "gpu3"]
+    assert [child.env for child in children] == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "3"}]
+    for child, device in zip(children, ["0", "3"], strict=True):
+        argv = child.argv
+        assert argv[argv.index("-Q") + 1] == "gpu"
+        assert argv[argv.index("-n") + 1] == f"gpu{device}@%h"
+        assert argv[argv.index("-c") + 1] == "1"
+        assert argv[argv.index("--prefetch-multiplier") + 1] == "1"
+
+    settings.GPU_DEVICES = []
+    [cpu] = Command()._gpu_children("python", {"gpu_workers": 2})
+    assert cpu.name == "gpu" and cpu.env == {}
+    assert cpu.argv[cpu.argv.index("-c") + 1] == "2"

@@ -32,6 +32,7 @@ from ragsite.env import redact_url
 class Child:
     name: str
     argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # on top of the supervisor's environment
     process: subprocess.Popen | None = None
     reader: threading.Thread | None = field(default=None, repr=False)
 
@@ -46,7 +47,18 @@ class Command(BaseCommand):
         parser.add_argument(
             "--ingest-concurrency", type=int, default=2, help="Processes for the ingest and default queues."
         )
-        parser.add_argument("--gpu-workers", type=int, default=1, help="Processes for the gpu queue.")
+        parser.add_argument(
+            "--gpu-workers",
+            type=int,
+            default=1,
+            help="Processes for the gpu queue when GPU_DEVICES is empty (with GPUs: one worker per device).",
+        )
+        parser.add_argument(
+            "--remote-concurrency",
+            type=int,
+            default=None,
+            help="Threads for the remote queue (default: REMOTE_WORKER_CONCURRENCY, 16).",
+        )
 
     def handle(self, *args, **options):
         # Line-buffered, so the supervisor's lines interleave correctly with the children's.
@@ -122,8 +134,10 @@ class Command(BaseCommand):
                     "--without-mingle",
                 ],
             ),
+            *self._gpu_children(python, options),
+            # Remote generation waits on the network: threads, many calls per process.
             Child(
-                "gpu",
+                "remote",
                 [
                     python,
                     "-m",
@@ -132,13 +146,13 @@ class Command(BaseCommand):
                     "ragsite",
                     "worker",
                     "-Q",
-                    "gpu",
+                    "remote",
                     "-n",
-                    "gpu@%h",
+                    "remote@%h",
+                    "--pool",
+                    "threads",
                     "-c",
-                    str(options["gpu_workers"]),
-                    "--prefetch-multiplier",
-                    "1",
+                    str(options.get("remote_concurrency") or settings.REMOTE_WORKER_CONCURRENCY),
                     "--loglevel",
                     "INFO",
                     "--without-gossip",
@@ -148,8 +162,31 @@ class Command(BaseCommand):
             Child("beat", [python, "-m", "celery", "-A", "ragsite", "beat", "-s", schedule, "--loglevel", "INFO"]),
         ]
 
-    def _child_env(self) -> dict[str, str]:
-        env = dict(os.environ)
+    def _gpu_children(self, python: str, options) -> list[Child]:
+        """One worker per GPU listed in GPU_DEVICES, each seeing only its own device; else
+        ``--gpu-workers`` processes in one worker (the CPU fallback, the embedded default).
+
+        A worker per device rather than one prefork worker with a process per device: CUDA
+        must be chosen before it initialises, a crashed or wedged device takes down only its
+        own worker, and each worker's name says which GPU it drives (``gpu3@host``).
+        """
+
+        def worker(name: str, concurrency: int) -> list[str]:
+            return [
+                *(python, "-m", "celery", "-A", "ragsite", "worker", "-Q", "gpu", "-n", f"{name}@%h"),
+                *("-c", str(concurrency), "--prefetch-multiplier", "1", "--loglevel", "INFO"),
+                *("--without-gossip", "--without-mingle"),
+            ]
+
+        if not settings.GPU_DEVICES:
+            return [Child("gpu", worker("gpu", options["gpu_workers"]))]
+        return [
+            Child(f"gpu{device}", worker(f"gpu{device}", 1), env={"CUDA_VISIBLE_DEVICES": device})
+            for device in settings.GPU_DEVICES
+        ]
+
+    def _child_env(self, child: Child) -> dict[str, str]:
+        env = dict(os.environ, **child.env)
         # Children reuse the services this process resolved instead of each racing to start them.
         env["DATABASE_URL"] = settings.DATABASE_URL
         env["REDIS_URL"] = settings.REDIS_URL
@@ -160,7 +197,7 @@ class Command(BaseCommand):
         # A new session: Ctrl-C reaches only this supervisor, which then stops children in order.
         child.process = subprocess.Popen(
             child.argv,
-            env=self._child_env(),
+            env=self._child_env(child),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
