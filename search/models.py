@@ -6,6 +6,8 @@ belongs to exactly one, and every query filters by it.
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
@@ -198,3 +200,59 @@ class TermStat(models.Model):
 
     def __str__(self) -> str:
         return f"term {self.term} in {self.collection_id}: df {self.df}"
+
+
+class Answer(models.Model):
+    """A question answered from retrieved chunks, with numbered citations.
+
+    Its ``id`` is also the generation's request id: the token stream is ``gen:<id>`` and the
+    ledger row carries the same id.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        GENERATING = "generating", "Generating"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    class Mode(models.TextChoices):
+        GENERATED = "generated", "Generated"
+        EXTRACTIVE = "extractive", "Extractive (no generation provider)"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="answers")
+    asker = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="answers"
+    )
+    # Whose arm a canary release gives (a user's or an API key's id): sticky per client.
+    client_id = models.CharField(max_length=100, blank=True)
+    question = models.TextField()
+    collections = models.ManyToManyField(Collection, related_name="answers")
+    # [{number, chunk_id, document_id, score}]: the numbered sources the prompt gave.
+    sources = models.JSONField(default=list, blank=True)
+    route = models.ForeignKey("inference.Route", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    release = models.ForeignKey(
+        "inference.CanaryRelease", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    arm = models.CharField(max_length=8, blank=True)
+    mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.GENERATED)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    error = models.TextField(blank=True)
+    text = models.TextField(blank=True)
+    # [{number, chunk_id, document_id, title, start_offset, end_offset}] for each [n] used.
+    citations = models.JSONField(default=list, blank=True)
+    dropped_citations = models.PositiveIntegerField(
+        default=0, help_text="Citations of a source number the prompt did not give."
+    )
+    stats = models.JSONField(default=dict, blank=True)
+    # retrieve_ms, prompt_ms, queue_ms, ttft_ms, total_ms.
+    timings = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["workspace", "-created_at"], name="answer_workspace_recent")]
+
+    def __str__(self) -> str:
+        return self.question[:80]
