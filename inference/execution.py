@@ -1,28 +1,124 @@
-"""Running one routed generation in a worker: the attempt, the stream, the ledger row.
+"""Running one routed generation in a worker: keys, retries, failover, the stream, the ledger.
 
 ``run_routed`` is the body of ``inference.tasks.generate_routed``. Whatever happens, the
-stream ``gen:<request_id>`` ends with ``stats`` or ``error`` and exactly one ledger row
-is written with the tokens produced, so nothing is served unbilled.
+stream ``gen:<request_id>`` ends with ``stats`` or ``error``, and exactly one ledger row is
+written, by the process that ends the request, with the tokens produced, so nothing is
+served unbilled. How attempts are chosen (docs/routing.md, "Keys, retries and failover"):
+
+- The chain is the route, then its fallback routes in order (``Route.fallback_routes()``,
+  enabled routes on enabled providers; loaded only once the route itself is exhausted).
+- A round walks the chain. On a remote route it takes the provider's least recently used
+  usable key (``inference.keypool.pick``). A rate-limited (429) or rejected (401/403) key
+  is set aside in the pool (cooling down, disabled) and the next key is tried at once. A
+  failure of the upstream itself (5xx, timeout, connection, broken stream) moves on to the
+  next route at once: another key of the same endpoint would most likely fail alike.
+- After a round, the next one starts after exponential backoff with full jitter (tenacity's
+  ``wait_random_exponential``: a random wait in [0, min(``ROUTER_BACKOFF_MAX_S``,
+  ``ROUTER_BACKOFF_BASE_S`` * 2^(n-1))] before the n-th round after the first). When the
+  round found no usable key at all (every key cooling down or disabled), it waits instead
+  for the first cooling key, if that is at most ``ROUTER_BACKOFF_MAX_S`` away; otherwise
+  the request ends with ``unavailable`` and ``retry_after_s``.
+- Caps: ``ROUTER_MAX_ATTEMPTS`` upstream calls (5) and one deadline, ``ROUTER_DEADLINE_S``
+  (120 s) from the start: no wait goes past it, and each attempt's own timeouts are cut to
+  what is left of it.
+- Never retried: ``bad_request`` (it fails the same everywhere), a request refused before
+  any call (``invalid_request``, naming the field), and any failure after tokens reached the
+  stream (``tokens_sent`` > 0): a restart would show the reader those tokens twice, so the
+  request fails with the partial text left in the stream.
+- A route on the other queue (a ``local`` route reached from the ``remote`` worker, or the
+  reverse) is handed over: ``generate_routed`` is sent to that queue with the same request
+  id and the attempt state (attempts used, deadline, the rest of the chain, the stream's
+  length) in the payload; the process that ends the request writes the ledger row.
+- Each new attempt is announced in the stream by a ``retry`` event {attempt (the one that
+  failed), kind, status, retry_after_s, wait_s, route (where the next attempt goes),
+  message}; readers that do not know it skip it (they stop at ``stats``/``error`` only).
+
+Ledger: ``attempts`` counts every upstream or engine call of the request (all processes),
+``upstream_key`` is the key of the last attempt, ``route``/``provider`` those of the last
+attempt, ``latency_ms`` and ``ttft_ms`` run from the start of the request's first attempt
+(so retries show in them), and a failed request records the tokens already streamed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import connection
+from django.db.models import signals
 from django.utils import timezone
+from tenacity import RetryCallState, wait_random_exponential
 
 from billing.models import UsageRecord
+from inference import keypool
 from inference.engine import GenerationRequest, GenerationStats, SpeculativeConfig, generate
 from inference.engine.models import models_load
 from inference.engine.speculative import GenerationError
-from inference.models import Route, UpstreamKey
-from inference.remote import RemoteEndpoint, RemoteRequest, RemoteStats, UpstreamError, stream_chat
-from inference.streams import StreamWriter
+from inference.models import Route
+from inference.remote import (
+    RemoteEndpoint,
+    RemoteRequest,
+    RemoteStats,
+    UpstreamError,
+    estimate_prompt_tokens,
+    stream_chat,
+)
+from inference.router import queue_for
+from inference.rows import cursor, insert_values
+from inference.secrets import SecretUnreadable
+from inference.streams import PipelinedStreamWriter, StreamWriter
 
 logger = logging.getLogger(__name__)
+
+# Failures of the endpoint rather than of the key or the request: retried after a backoff,
+# on the next route first. "internal" is an exception in the local engine.
+TRANSIENT = ("server_error", "timeout", "connection", "broken_stream", "internal")
+# Not retried anywhere: the request itself is at fault.
+FINAL = ("bad_request", "invalid_request")
+# An attempt needs at least this much of the deadline left to start.
+MIN_ATTEMPT_S = 0.05
+
+
+@dataclass
+class Failure:
+    """One failed attempt (or why none could be made), for decisions and the error event."""
+
+    kind: str
+    message: str
+    status: int | None = None
+    retry_after_s: float | None = None
+    tokens_sent: int = 0
+    field: str | None = None
+
+    @classmethod
+    def of(cls, exc: UpstreamError) -> Failure:
+        return cls(exc.kind, exc.message, exc.status, exc.retry_after_s, exc.tokens_sent)
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind not in FINAL and self.tokens_sent == 0
+
+    def as_dict(self) -> dict:
+        return {
+            "field": self.field,
+            "kind": self.kind,
+            "status": self.status,
+            "retry_after_s": self.retry_after_s,
+            "tokens_sent": self.tokens_sent,
+            "retryable": self.retryable,
+            "message": self.message,
+        }
+
+
+class Stop(Exception):
+    """The request ends with this failure."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.message)
+        self.failure = failure
 
 
 @dataclass
@@ -34,8 +130,10 @@ class Outcome:
     stats: dict = field(default_factory=dict)
     error: dict | None = None
     attempts: int = 0
-    upstream_key: UpstreamKey | None = None
-    started: float = field(default_factory=time.monotonic)
+    upstream_key_id: int | None = None
+    key_succeeded: bool = False
+    started: float = field(default_factory=time.time)  # Unix time: it crosses processes
+    first_token_at: float | None = None
 
     def result(self, request_id: str, payload: dict) -> dict:
         return {
@@ -51,6 +149,44 @@ class Outcome:
         }
 
 
+@dataclass
+class Budget:
+    """Attempts and time a request may still spend; travels in a handover."""
+
+    started: float
+    deadline: float
+    attempts: int = 0
+    max_attempts: int = 5
+    waits: int = 0
+
+    @classmethod
+    def start(cls, handover: dict | None) -> Budget:
+        if handover:
+            return cls(
+                started=float(handover["started"]),
+                deadline=float(handover["deadline"]),
+                attempts=int(handover["attempts"]),
+                max_attempts=int(handover["max_attempts"]),
+                waits=int(handover.get("waits", 0)),
+            )
+        now = time.time()
+        return cls(started=now, deadline=now + settings.ROUTER_DEADLINE_S, max_attempts=settings.ROUTER_MAX_ATTEMPTS)
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def backoff(self) -> float:
+        """Full jitter: uniform in [0, min(max, base * 2^(n-1))] for the n-th wait (tenacity)."""
+        self.waits += 1
+        state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})
+        state.attempt_number = self.waits
+        wait = wait_random_exponential(multiplier=settings.ROUTER_BACKOFF_BASE_S, max=settings.ROUTER_BACKOFF_MAX_S)
+        return wait(state)
+
+
+# --------------------------------------------------------------------------- attempts
+
+
 def local_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     """The chat template when the model has one; else the messages' contents, blank-line joined."""
     if getattr(tokenizer, "chat_template", None):
@@ -59,143 +195,440 @@ def local_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer.encode("\n\n".join(str(message.get("content", "")) for message in messages))
 
 
-def attempt_local(route: Route, payload: dict, writer: StreamWriter, outcome: Outcome) -> None:
-    provider = route.provider
-    outcome.attempts += 1
-    models = models_load(provider.model, provider.draft_model or None)
-    spec = provider.speculative_settings()
-    request = GenerationRequest(
-        prompt_ids=local_prompt_ids(models.tokenizer, payload["messages"]),
-        max_tokens=int(payload["max_tokens"]),
-        temperature=float(payload["temperature"]),
-        top_p=float(payload["top_p"]),
-        stop=tuple(payload.get("stop") or ()),
-        seed=payload.get("seed"),
-        speculative=SpeculativeConfig(
-            method=spec["method"] if models.draft is not None or spec["method"] == "ngram" else "off",
-            k=spec["k"],
-            adaptive_k=bool(spec.get("adaptive_k")),
-        ),
-    )
-    for piece in generate(
-        request,
-        target=models.target,
-        tokenizer=models.tokenizer,
-        draft=models.draft,
-        context_window=min(models.context_window, provider.context_window),
+class Routing:
+    """One request's walk over keys and routes (see the module docstring)."""
+
+    def __init__(
+        self, request_id: str, payload: dict, writer: StreamWriter, route: Route, key: keypool.PickedKey | None = None
     ):
-        if isinstance(piece, GenerationStats):
-            outcome.stats = {**piece.as_dict(), "usage_source": "engine"}
-        else:
-            outcome.text.append(piece)
-            writer.write("delta", text=piece)
+        self.request_id = request_id
+        self.payload = payload
+        self.writer = writer
+        handover = payload.get("handover") or None
+        self.budget = Budget.start(handover)
+        self.events = int(handover["events"]) if handover else 0
+        self.handover_chain = list(handover["chain"][1:]) if handover else None
+        self.route = route
+        self.queue = queue_for(route)
+        self.outcome = Outcome(route=route, attempts=self.budget.attempts, started=self.budget.started)
+        last = handover.get("last_error") if handover else None
+        self.last: Failure | None = Failure(**last) if last else None
+        self.pending: dict | None = None  # the retry event announcing the next attempt
+        self._fallbacks: list[Route] | None = None
+        # The route's first key, picked in the statement that loaded the route.
+        self._prefetched: tuple[keypool.PickedKey | None] | None = (key,) if not route.provider.is_local else None
 
+    # ------------------------------------------------------------------ the chain
 
-def attempt_remote(route: Route, payload: dict, writer: StreamWriter, outcome: Outcome, key: UpstreamKey) -> None:
-    provider = route.provider
-    outcome.attempts += 1
-    outcome.upstream_key = key
-    endpoint = RemoteEndpoint(
-        base_url=provider.base_url,
-        api_key=key.secret(),
-        model=provider.model,
-        connect_timeout_s=provider.connect_timeout_s,
-        first_token_timeout_s=provider.first_token_timeout_s,
-        total_timeout_s=provider.total_timeout_s,
-        extra_body=provider.extra_body or None,
-    )
-    request = RemoteRequest(
-        messages=payload["messages"],
-        max_tokens=int(payload["max_tokens"]),
-        temperature=float(payload["temperature"]),
-        top_p=float(payload["top_p"]),
-        stop=tuple(payload.get("stop") or ()),
-        seed=payload.get("seed"),
-        speculative=provider.speculative_settings(),
-    )
-    for piece in stream_chat(endpoint, request):
-        if isinstance(piece, RemoteStats):
-            outcome.stats = piece.as_dict()
-        else:
-            outcome.text.append(piece)
-            writer.write("delta", text=piece)
+    def fallbacks(self) -> list[Route]:
+        if self._fallbacks is None:
+            if self.handover_chain is not None:
+                by_id = Route.objects.select_related("provider").in_bulk(self.handover_chain)
+                routes = [by_id[i] for i in self.handover_chain if i in by_id]
+            else:
+                routes = self.route.fallback_routes()
+            self._fallbacks = [r for r in routes if r.enabled and r.provider.enabled and r.id != self.route.id]
+        return self._fallbacks
 
+    def route_at(self, index: int) -> Route | None:
+        """The chain: the route, then its fallbacks (loaded only when reached)."""
+        if index == 0:
+            return self.route
+        fallbacks = self.fallbacks()
+        return fallbacks[index - 1] if index <= len(fallbacks) else None
 
-def next_key(route: Route) -> UpstreamKey | None:
-    """The least recently used usable key of the route's provider, marked used (one statement)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE inference_upstreamkey SET last_used_at = now()
-            WHERE id = (
-                SELECT id FROM inference_upstreamkey
-                WHERE provider_id = %s
-                  AND (status = 'active' OR (status = 'cooling_down' AND cooldown_until <= now()))
-                ORDER BY last_used_at ASC NULLS FIRST, id
-                LIMIT 1 FOR UPDATE SKIP LOCKED
+    def chain(self) -> list[Route]:
+        return [self.route, *self.fallbacks()]
+
+    # ------------------------------------------------------------------ the walk
+
+    def run(self) -> dict:
+        """Serve the request: raises ``Done`` or ``Stop``, or returns the handover
+        ``{"queue", "payload"}`` when a route on another queue is next."""
+        while True:
+            transient = False
+            index = 0
+            while (route := self.route_at(index)) is not None:
+                if queue_for(route) != self.queue:
+                    return self.hand_over(self.chain()[index:])
+                kinds = self.route_attempts(route)
+                transient = transient or any(kind in TRANSIENT for kind in kinds)
+                index += 1
+            self.between_rounds(transient)
+
+    def route_attempts(self, route: Route) -> list[str]:
+        """Attempts on one route until one succeeds (``Done``), or the route has nothing more
+        to try this round; returns the kinds of the failures."""
+        kinds: list[str] = []
+        if route.provider.is_local:
+            self.attempt_ready(route)
+            failure = self.attempt_local(route)
+            if failure is None:
+                raise Done
+            kinds.append(failure.kind)
+            self.after_failure(failure)
+            return kinds
+        tried: set[int] = set()
+        while True:
+            key = self.next_key(route, tried)
+            if key is None:
+                return kinds
+            tried.add(key.id)
+            try:
+                api_key = key.secret()
+            except SecretUnreadable as exc:  # not a call: no attempt spent, the key set aside
+                message = f"upstream key {key} of provider {route.provider.name} cannot be decrypted ({exc})"
+                keypool.report_failure(key.id, kind="unreadable", message=str(exc), provider_name=route.provider.name)
+                logger.error("%s; disabled", message)
+                self.last = Failure("unauthorized", message)
+                continue
+            self.attempt_ready(route)
+            failure = self.attempt_remote(route, key, api_key)
+            if failure is None:
+                raise Done
+            kinds.append(failure.kind)
+            self.after_failure(failure)
+            if failure.kind in TRANSIENT:
+                return kinds  # the endpoint failed: the next route, not the next key
+
+    def next_key(self, route: Route, tried: set[int]) -> keypool.PickedKey | None:
+        if self._prefetched is not None and route is self.route and not tried:
+            (key,), self._prefetched = self._prefetched, None
+            return key
+        return keypool.pick(route.provider_id, exclude=tried)
+
+    def attempt_ready(self, route: Route) -> None:
+        """Check the caps before an attempt; announce it when it is a retry."""
+        if self.budget.attempts >= self.budget.max_attempts:
+            raise Stop(self.final(f"gave up after {self.budget.attempts} attempts (ROUTER_MAX_ATTEMPTS)"))
+        if self.budget.left() < MIN_ATTEMPT_S:
+            raise Stop(self.final(self.deadline_reason()))
+        self.flush_pending(route=route.name)
+
+    def after_failure(self, failure: Failure) -> None:
+        self.last = failure
+        if not failure.retryable:
+            reason = (
+                "not retried: tokens had already reached the stream, and a restart would repeat them"
+                if failure.tokens_sent
+                else ""
             )
-            RETURNING id
-            """,
-            [route.provider_id],
+            raise Stop(self.final(reason))
+        self.pending = {
+            "attempt": self.budget.attempts,
+            "kind": failure.kind,
+            "status": failure.status,
+            "retry_after_s": failure.retry_after_s,
+            "message": failure.message,
+        }
+
+    def between_rounds(self, transient: bool) -> None:
+        """Wait before the next round, or stop (see the module docstring)."""
+        if transient:
+            wait = self.budget.backoff()
+        else:
+            providers = [route.provider_id for route in self.chain() if not route.provider.is_local]
+            available = keypool.availability(providers)
+            if available.usable == 0:
+                wait = available.retry_after_s
+                if wait is None or wait > settings.ROUTER_BACKOFF_MAX_S or wait > self.budget.left() - MIN_ATTEMPT_S:
+                    raise Stop(self.unavailable(available))
+                wait += 0.01  # past the cooldown's end, not on it
+                if self.pending is None:  # no failed attempt to announce: say what is awaited
+                    self.pending = {
+                        "attempt": self.budget.attempts,
+                        "kind": "unavailable",
+                        "status": None,
+                        "retry_after_s": round(wait, 3),
+                        "message": keypool.unavailable_message(self.route.name, available),
+                    }
+            else:  # a key came back between the pick and now: try again, after a short pause
+                wait = self.budget.backoff()
+        if self.budget.attempts >= self.budget.max_attempts:
+            raise Stop(self.final(f"gave up after {self.budget.attempts} attempts (ROUTER_MAX_ATTEMPTS)"))
+        if wait > self.budget.left() - MIN_ATTEMPT_S:
+            raise Stop(self.final(self.deadline_reason()))
+        self.flush_pending(route=self.route.name, wait_s=round(wait, 3))
+        time.sleep(wait)
+
+    def flush_pending(self, **fields) -> None:
+        if self.pending is not None:
+            self.write("retry", **{**self.pending, "wait_s": 0.0, **fields})
+            self.pending = None
+
+    # ------------------------------------------------------------------ endings
+
+    def deadline_reason(self) -> str:
+        return (
+            f"the request's deadline (ROUTER_DEADLINE_S={settings.ROUTER_DEADLINE_S:g} s) is spent "
+            f"after {self.budget.attempts} attempt{'s' if self.budget.attempts != 1 else ''}"
         )
-        row = cursor.fetchone()
-    return UpstreamKey.objects.get(id=row[0]) if row else None
+
+    def final(self, reason: str) -> Failure:
+        failure = self.last or Failure("timeout", "no attempt could be made")
+        message = f"{failure.message} ({reason})" if reason else failure.message
+        return Failure(failure.kind, message, failure.status, failure.retry_after_s, failure.tokens_sent, failure.field)
+
+    def unavailable(self, available: keypool.Availability) -> Failure:
+        message = keypool.unavailable_message(self.route.name, available)
+        if self.last is not None:
+            message += f"; the last attempt failed: {self.last.message}"
+        retry_after = round(available.retry_after_s, 3) if available.retry_after_s is not None else None
+        return Failure("unavailable", message, retry_after_s=retry_after)
+
+    def hand_over(self, rest: list[Route]) -> dict:
+        target = rest[0]
+        self.flush_pending(route=target.name)
+        budget = self.budget
+        handover = {
+            "started": budget.started,
+            "deadline": budget.deadline,
+            "attempts": budget.attempts,
+            "max_attempts": budget.max_attempts,
+            "waits": budget.waits,
+            "chain": [r.id for r in rest],
+            "events": self.events,
+            "last_error": None if self.last is None else vars(self.last),
+        }
+        return {"queue": queue_for(target), "payload": {**self.payload, "route_id": target.id, "handover": handover}}
+
+    # ------------------------------------------------------------------ one attempt
+
+    def write(self, kind: str, /, **data) -> None:
+        self.writer.write(kind, **data)
+        self.events += 1
+
+    def delta(self, text: str) -> None:
+        if self.outcome.first_token_at is None:
+            self.outcome.first_token_at = time.time()
+        self.outcome.text.append(text)
+        self.write("delta", text=text)
+
+    def begin(self, route: Route, key_id: int | None) -> None:
+        self.budget.attempts += 1
+        self.outcome.attempts = self.budget.attempts
+        self.outcome.route = route
+        self.outcome.upstream_key_id = key_id
+
+    def attempt_remote(self, route: Route, key: keypool.PickedKey, api_key: str) -> Failure | None:
+        provider = route.provider
+        self.begin(route, key.id)
+        left = max(self.budget.left(), MIN_ATTEMPT_S)
+        endpoint = RemoteEndpoint(
+            base_url=provider.base_url,
+            api_key=api_key,
+            model=provider.model,
+            connect_timeout_s=min(provider.connect_timeout_s, left),
+            first_token_timeout_s=min(provider.first_token_timeout_s, left),
+            total_timeout_s=min(provider.total_timeout_s, left),
+            extra_body=provider.extra_body or None,
+        )
+        payload = self.payload
+        request = RemoteRequest(
+            messages=payload["messages"],
+            max_tokens=int(payload["max_tokens"]),
+            temperature=float(payload["temperature"]),
+            top_p=float(payload["top_p"]),
+            stop=tuple(payload.get("stop") or ()),
+            seed=payload.get("seed"),
+            speculative=provider.speculative_settings(),
+        )
+        try:
+            for piece in stream_chat(endpoint, request):
+                if isinstance(piece, RemoteStats):
+                    self.outcome.stats = piece.as_dict()
+                else:
+                    self.delta(piece)
+        except GenerationError as exc:
+            return Failure("invalid_request", str(exc), field=exc.field)
+        except UpstreamError as exc:
+            keypool.report_failure(
+                key.id,
+                kind=exc.kind,
+                message=exc.message,
+                provider_name=provider.name,
+                status=exc.status,
+                retry_after_s=exc.retry_after_s,
+            )
+            return Failure.of(exc)
+        self.outcome.key_succeeded = True  # counted on the key with the ledger row, in one statement
+        return None
+
+    def attempt_local(self, route: Route) -> Failure | None:
+        provider = route.provider
+        self.begin(route, None)
+        sent = 0
+        try:
+            models = models_load(provider.model, provider.draft_model or None)
+            spec = provider.speculative_settings()
+            payload = self.payload
+            request = GenerationRequest(
+                prompt_ids=local_prompt_ids(models.tokenizer, payload["messages"]),
+                max_tokens=int(payload["max_tokens"]),
+                temperature=float(payload["temperature"]),
+                top_p=float(payload["top_p"]),
+                stop=tuple(payload.get("stop") or ()),
+                seed=payload.get("seed"),
+                speculative=SpeculativeConfig(
+                    method=spec["method"] if models.draft is not None or spec["method"] == "ngram" else "off",
+                    k=spec["k"],
+                    adaptive_k=bool(spec.get("adaptive_k")),
+                ),
+            )
+            for piece in generate(
+                request,
+                target=models.target,
+                tokenizer=models.tokenizer,
+                draft=models.draft,
+                context_window=min(models.context_window, provider.context_window),
+            ):
+                if isinstance(piece, GenerationStats):
+                    self.outcome.stats = {**piece.as_dict(), "usage_source": "engine"}
+                else:
+                    sent += 1
+                    self.delta(piece)
+        except GenerationError as exc:
+            return Failure("invalid_request", str(exc), field=exc.field, tokens_sent=sent)
+        except Exception as exc:  # out of memory, or a crash in the model: this attempt fails
+            logger.exception("local generation %s failed on %s", self.request_id, provider.name)
+            self.free_device_memory()
+            message = f"the local engine ({provider.name}) failed: {type(exc).__name__}: {exc}"
+            return Failure("internal", message, tokens_sent=sent)
+        return None
+
+    @staticmethod
+    def free_device_memory() -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+class Done(Exception):
+    """An attempt succeeded."""
+
+
+# --------------------------------------------------------------------------- the request
 
 
 def run_routed(request_id: str, payload: dict) -> dict:
-    writer = StreamWriter(request_id)
-    route = Route.objects.select_related("provider").get(id=payload["route_id"])
-    outcome = Outcome(route=route)
+    """Serve one routed request: its stream, its ledger row; returns ``Outcome.result``.
+
+    Returns ``{"request_id", "status": "handed_over", "queue", "payload"}`` instead when the
+    request must go on on another queue; the caller sends it there (``generate_routed`` with
+    that payload), and nothing is written to the ledger here.
+    """
+    writer = PipelinedStreamWriter(request_id)
     try:
-        if route.provider.is_local:
-            attempt_local(route, payload, writer, outcome)
-        else:
-            key = next_key(route)
-            if key is None:
-                raise UpstreamError(
-                    "unauthorized",
-                    f"provider {route.provider.name} has no usable upstream key; add or re-enable one in the admin",
-                )
-            attempt_remote(route, payload, writer, outcome, key)
-        writer.write("stats", **outcome.stats)
-    except GenerationError as exc:
-        outcome.error = {"field": exc.field, "kind": "invalid_request", "message": str(exc)}
-    except UpstreamError as exc:
-        outcome.error = {"field": None, **exc.as_dict()}
-    except Exception as exc:  # a bug or a model crash fails this request only
+        return _run(request_id, payload, writer)
+    finally:
+        writer.close()  # every event is in Redis before the task ends or hands over
+
+
+def _run(request_id: str, payload: dict, writer: PipelinedStreamWriter) -> dict:
+    route, key = keypool.route_with_key(payload["route_id"])
+    routing = Routing(request_id, payload, writer, route, key)
+    outcome = routing.outcome
+    try:
+        handover = routing.run()
+        writer.flush()
+        return {"request_id": request_id, "status": "handed_over", **handover}
+    except Done:
+        routing.write("stats", **{**outcome.stats, "attempts": outcome.attempts})
+    except Stop as stop:
+        outcome.error = {**stop.failure.as_dict(), "attempts": outcome.attempts}
+    except Exception as exc:  # a bug fails this request only
         logger.exception("routed generation %s failed", request_id)
-        outcome.error = {"field": None, "kind": "internal", "message": f"generation failed: {type(exc).__name__}"}
+        outcome.error = {
+            "field": None,
+            "kind": "internal",
+            "status": None,
+            "retry_after_s": None,
+            "tokens_sent": len(outcome.text),
+            "retryable": False,
+            "message": f"generation failed: {type(exc).__name__}",
+            "attempts": outcome.attempts,
+        }
     if outcome.error:
-        writer.write("error", **outcome.error)
+        routing.write("error", **outcome.error)
     ledger_write(request_id, payload, outcome)
     return outcome.result(request_id, payload)
 
 
 def ledger_write(request_id: str, payload: dict, outcome: Outcome) -> UsageRecord:
+    """The request's one ledger row; for a success on an upstream key, the key's success
+    count in the same statement (one round trip, one commit that waits for the flush).
+
+    Written with ``inference.rows.insert_values`` (what ``Model.save`` sends, without the
+    query compiler); ``pre_save``/``post_save`` are sent as ``save`` would."""
     route, stats = outcome.route, outcome.stats
-    completion_tokens = stats.get("completion_tokens", len(outcome.text) if outcome.error else 0)
-    return UsageRecord.objects.create(
+    completion_tokens = len(outcome.text) if outcome.error else stats.get("completion_tokens", len(outcome.text))
+    now = time.time()
+    ttft = (outcome.first_token_at - outcome.started) * 1000 if outcome.first_token_at is not None else None
+    prompt_tokens = stats.get("prompt_tokens", 0)
+    if outcome.error and not stats and completion_tokens:
+        # Failed mid-stream: the upstream read the prompt; estimated as remote.py does.
+        prompt_tokens = estimate_prompt_tokens(payload.get("messages") or [])
+    record = UsageRecord(
         request_id=request_id,
         created_at=timezone.now(),
         kind=UsageRecord.Kind.GENERATION,
         workspace_id=payload.get("workspace_id"),
         user_id=payload.get("user_id"),
-        route=route,
+        route_id=route.id,
         route_name=route.name,
         release_id=payload.get("release_id"),
         arm=payload.get("arm") or "",
-        provider=route.provider,
+        provider_id=route.provider.id,
         provider_name=route.provider.name,
         model=route.provider.model,
-        upstream_key=outcome.upstream_key,
-        prompt_tokens=stats.get("prompt_tokens", 0),
+        upstream_key_id=outcome.upstream_key_id,
+        prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         draft_tokens_proposed=stats.get("draft_tokens_proposed", 0),
         draft_tokens_accepted=stats.get("draft_tokens_accepted", 0),
         usage_source=stats.get("usage_source", "counted" if outcome.error else ""),
-        attempts=max(outcome.attempts, 1),
-        latency_ms=(time.monotonic() - outcome.started) * 1000,
-        ttft_ms=stats.get("time_to_first_token_ms"),
+        attempts=outcome.attempts,
+        latency_ms=max(0.0, (now - outcome.started) * 1000),
+        ttft_ms=max(0.0, ttft) if ttft is not None else None,
         status=UsageRecord.Status.ERROR if outcome.error else UsageRecord.Status.OK,
         error_class=(outcome.error or {}).get("kind") or "",
     )
+    signals.pre_save.send(sender=UsageRecord, instance=record, raw=False, using=connection.alias, update_fields=None)
+    insert, values = insert_values(record)
+    params = values
+    if outcome.key_succeeded and outcome.upstream_key_id is not None:
+        insert = f"WITH success AS ({keypool.SUCCESS}) {insert}"
+        params = [outcome.upstream_key_id, *values]
+    with cursor() as cursor_:
+        cursor_.execute(insert, params)
+        record.pk = cursor_.fetchone()[0]
+    record._state.adding, record._state.db = False, connection.alias
+    signals.post_save.send(
+        sender=UsageRecord, instance=record, created=True, update_fields=None, raw=False, using=connection.alias
+    )
+    return record
+
+
+def ledger_write_lost(request_id: str, payload: dict, reason: str) -> UsageRecord | None:
+    """The ledger row of a request whose pool process died (written by the worker's parent):
+    status error, ``worker_lost``, the tokens its stream holds. None if the row exists (the
+    process died after writing it)."""
+    if UsageRecord.objects.filter(request_id=request_id).exists():
+        return None
+    route = Route.objects.select_related("provider").get(id=payload["route_id"])
+    writer = StreamWriter(request_id)
+    texts = [
+        json.loads(fields[b"data"])["text"]
+        for _, fields in writer.client.xrange(writer.key)
+        if fields[b"type"] == b"delta"
+    ]
+    handover = payload.get("handover") or {}
+    outcome = Outcome(
+        route=route,
+        text=texts,
+        error={"kind": "worker_lost", "message": reason},
+        attempts=max(1, int(handover.get("attempts") or 0)),
+        started=float(handover.get("started") or time.time()),
+    )
+    return ledger_write(request_id, payload, outcome)

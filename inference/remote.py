@@ -49,11 +49,18 @@ Timeouts
     runs from the start of the call to the first delta carrying text, and
     ``total_timeout_s`` to the end of the stream; both are enforced here, on a deadline,
     because httpx's read timeout restarts on every byte (a role-only first chunk, or SSE
-    keep-alive comments, would keep it from ever firing). The SDK call runs on a helper
-    thread that hands chunks over a queue, so the caller gives up on time even while a
-    socket read is blocked. httpx's read timeout is set to ``first_token_timeout_s`` too:
-    it ends a stream that stalls that long between two reads (``timeout``), and bounds
-    how long an abandoned helper thread lives.
+    keep-alive comments, would keep it from ever firing). The stream is read on the
+    caller's thread; one watchdog thread per process shuts the socket of a call down when
+    its deadline passes, so a blocked read returns at once and the call raises its
+    ``timeout`` (the deadline is also checked at every chunk). Until the response headers
+    arrive, httpx's timeouts bound the wait: ``connect_timeout_s`` for the connection, and
+    a read timeout of ``first_token_timeout_s`` (capped at ``total_timeout_s``), which also
+    ends a stream that stalls that long between two reads (``timeout``).
+
+Clients
+    One HTTP connection pool per process serves every endpoint and key, and one SDK client
+    per (base URL, key) sits on it, created once: an SDK client costs ~25 ms to create
+    (an SSL context), ten times a short completion from a nearby server.
 
 Errors
     ``UpstreamError.kind``: ``rate_limited`` (429), ``unauthorized`` (401, 403; 402 too:
@@ -71,16 +78,22 @@ Errors
 
 from __future__ import annotations
 
+import contextlib
+import heapq
+import itertools
 import math
-import queue
+import os
+import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
+import httpx2
 import openai
 
 from inference.engine.speculative import GenerationError
@@ -312,50 +325,172 @@ def stream_chat(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[st
     return _stream(endpoint, request)
 
 
-def _pump(endpoint: RemoteEndpoint, request: RemoteRequest, channel: queue.Queue, cancel: threading.Event) -> None:
-    """Helper thread: run the SDK call and hand over ``("chunk"|"error"|"end", item, phase)``."""
-    phase = "request"
-    client = None
-    try:
-        client = openai.OpenAI(
-            base_url=endpoint.base_url,
-            api_key=endpoint.api_key,
-            max_retries=0,
-            timeout=openai.Timeout(
-                connect=endpoint.connect_timeout_s,
-                read=endpoint.first_token_timeout_s,
-                write=endpoint.first_token_timeout_s,
-                pool=endpoint.connect_timeout_s,
-            ),
-        )
-        optional = {}
-        if request.stop:
-            optional["stop"] = list(request.stop)
-        if request.seed is not None:
-            optional["seed"] = request.seed
-        stream = client.chat.completions.create(
-            model=endpoint.model,
-            messages=request.messages,
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body=extra_body(endpoint, request) or None,
-            **optional,
-        )
-        phase = "stream"
-        with stream:
-            for chunk in stream:
-                if cancel.is_set():
-                    return
-                channel.put(("chunk", chunk, phase))
-        channel.put(("end", None, phase))
-    except Exception as exc:  # handed to the caller's thread, which classifies it
-        channel.put(("error", exc, phase))
-    finally:
-        if client is not None:
-            client.close()
+# One HTTP connection pool per process, shared by every endpoint and key (httpx clients
+# are thread-safe), and one SDK client per (base URL, key) on top of it: creating an SDK
+# client builds an SSL context and costs ~25 ms, about ten times a short completion from a
+# nearby server. Timeouts are per request. Rebuilt after a fork (a pool must not cross one).
+CLIENT_CACHE_SIZE = 256
+_clients_lock = threading.Lock()
+_clients: OrderedDict[tuple[str, str], openai.OpenAI] = OrderedDict()
+_http: dict = {"client": None, "pid": None}
+
+
+def _client_for(endpoint: RemoteEndpoint) -> openai.OpenAI:
+    key = (endpoint.base_url, endpoint.api_key)
+    with _clients_lock:
+        if _http["pid"] != os.getpid() or _http["client"] is None or _http["client"].is_closed:
+            _clients.clear()
+            transport = _WatchedTransport(limits=openai.DEFAULT_CONNECTION_LIMITS)
+            _http.update(client=openai.DefaultHttpxClient(transport=transport), pid=os.getpid())
+        client = _clients.get(key)
+        if client is None:
+            # Evicted clients need no closing: the connections belong to the shared pool.
+            client = openai.OpenAI(
+                base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0, http_client=_http["client"]
+            )
+            _clients[key] = client
+            if len(_clients) > CLIENT_CACHE_SIZE:
+                _clients.popitem(last=False)
+        else:
+            _clients.move_to_end(key)
+        return client
+
+
+# --------------------------------------------------------------------------- deadlines
+
+
+class _Watch:
+    """One call's deadline, and the socket to shut down when it passes."""
+
+    __slots__ = ("deadline", "done", "expired", "socket")
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.socket: socket.socket | None = None
+        self.expired = False
+        self.done = False
+
+
+class _Watchdog:
+    """One thread per process that ends calls past their deadline.
+
+    A call reads its stream on the caller's thread (no hand-over per chunk). When its
+    deadline passes while a read is blocked, the watchdog shuts the socket down, so the
+    read returns at once and the call raises its ``timeout``. A response marks its watch
+    done when it is closed, before the connection can go back to the pool, and the
+    watchdog touches only sockets of watches not done (under one lock): a pooled
+    connection that another call reuses is never shut down.
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.heap: list[tuple[float, int, _Watch]] = []
+        self.sequence = itertools.count()
+        self.live = 0
+        self.pid: int | None = None
+
+    def watch(self, deadline: float) -> _Watch:
+        watch = _Watch(deadline)
+        with self.lock:
+            if self.pid != os.getpid():  # first use, or a forked child: the thread is ours to start
+                self.pid, self.heap, self.live = os.getpid(), [], 0
+                threading.Thread(target=self._run, name="upstream-deadlines", daemon=True).start()
+            self.live += 1
+            self._push(watch)
+        return watch
+
+    def move(self, watch: _Watch, deadline: float) -> None:
+        with self.lock:
+            if not watch.done:
+                watch.deadline = deadline
+                self._push(watch)
+
+    def attach(self, watch: _Watch, sock: socket.socket | None) -> None:
+        with self.lock:
+            if watch.done:
+                return
+            watch.socket = sock
+            if watch.expired:
+                self._shut(watch)
+
+    def finish(self, watch: _Watch) -> None:
+        with self.lock:
+            if watch.done:
+                return
+            watch.done, watch.socket = True, None
+            self.live -= 1
+            if len(self.heap) > 2 * self.live + 64:  # drop finished entries now and then
+                self.heap = [entry for entry in self.heap if not entry[2].done]
+                heapq.heapify(self.heap)
+
+    def _push(self, watch: _Watch) -> None:
+        heapq.heappush(self.heap, (watch.deadline, next(self.sequence), watch))
+        if self.heap[0][2] is watch:
+            self.wake.notify()
+
+    @staticmethod
+    def _shut(watch: _Watch) -> None:
+        if watch.socket is not None:
+            with contextlib.suppress(OSError):
+                watch.socket.shutdown(socket.SHUT_RDWR)
+
+    def _run(self) -> None:
+        with self.lock:
+            while True:
+                while self.heap and (self.heap[0][2].done or self.heap[0][0] != self.heap[0][2].deadline):
+                    heapq.heappop(self.heap)  # finished, or moved to a later deadline
+                if not self.heap:
+                    self.wake.wait()
+                    continue
+                deadline, _, watch = self.heap[0]
+                left = deadline - time.monotonic()
+                if left > 0:
+                    self.wake.wait(left)
+                    continue
+                heapq.heappop(self.heap)
+                watch.expired = True
+                self._shut(watch)
+
+
+_watchdog = _Watchdog()
+_current = threading.local()  # the watch of the call this thread is making
+
+
+def _after_fork_in_child() -> None:
+    # Another thread may have held these locks at the fork: the child starts afresh.
+    global _clients_lock, _watchdog
+    _clients_lock = threading.Lock()
+    _watchdog = _Watchdog()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _WatchedStream(httpx2.SyncByteStream):
+    def __init__(self, stream: httpx2.SyncByteStream, watch: _Watch):
+        self.stream = stream
+        self.watch = watch
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self.stream
+
+    def close(self) -> None:
+        _watchdog.finish(self.watch)  # before the connection is released
+        self.stream.close()
+
+
+class _WatchedTransport(httpx2.HTTPTransport):
+    """Hands the response's socket to the call's watch (HTTP/1.1 responses expose it)."""
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = super().handle_request(request)
+        watch = getattr(_current, "watch", None)
+        if watch is not None:
+            network = response.extensions.get("network_stream")
+            response.stream = _WatchedStream(response.stream, watch)
+            _watchdog.attach(watch, network.get_extra_info("socket") if network is not None else None)
+        return response
 
 
 def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | RemoteStats]:
@@ -363,56 +498,87 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
     started = time.monotonic()
     first_deadline = started + min(endpoint.first_token_timeout_s, endpoint.total_timeout_s)
     total_deadline = started + endpoint.total_timeout_s
-    channel: queue.Queue = queue.Queue()
-    cancel = threading.Event()
-    threading.Thread(
-        target=_pump, args=(endpoint, request, channel, cancel), name=f"upstream-{host}", daemon=True
-    ).start()
-
+    watch = _watchdog.watch(first_deadline)
+    stream = None
+    phase = "request"
     tokens_sent = 0
     first_token_at: float | None = None
     finish_reason: str | None = None
     usage = None
     model: str | None = None
+
+    def deadline_error() -> UpstreamError:
+        if first_token_at is None and first_deadline < total_deadline:
+            return UpstreamError(
+                "timeout",
+                f"{host} sent no token within first_token_timeout_s={endpoint.first_token_timeout_s:g} s; "
+                "the upstream is overloaded or the prompt is too long for it: try another endpoint "
+                "or raise the timeout",
+                tokens_sent=tokens_sent,
+            )
+        return UpstreamError(
+            "timeout",
+            f"{host} did not finish within total_timeout_s={endpoint.total_timeout_s:g} s "
+            f"({tokens_sent} tokens received); lower max_tokens or raise the timeout",
+            tokens_sent=tokens_sent,
+        )
+
     try:
-        while True:
-            deadline = total_deadline if first_token_at is not None else first_deadline
+        try:
+            client = _client_for(endpoint)
+            optional = {}
+            if request.stop:
+                optional["stop"] = list(request.stop)
+            if request.seed is not None:
+                optional["seed"] = request.seed
+            _current.watch = watch
             try:
-                kind, item, phase = channel.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                if first_token_at is None and deadline < total_deadline:
-                    raise UpstreamError(
-                        "timeout",
-                        f"{host} sent no token within first_token_timeout_s={endpoint.first_token_timeout_s:g} s; "
-                        "the upstream is overloaded or the prompt is too long for it: try another endpoint "
-                        "or raise the timeout",
-                        tokens_sent=tokens_sent,
-                    ) from None
-                raise UpstreamError(
-                    "timeout",
-                    f"{host} did not finish within total_timeout_s={endpoint.total_timeout_s:g} s "
-                    f"({tokens_sent} tokens received); lower max_tokens or raise the timeout",
-                    tokens_sent=tokens_sent,
-                ) from None
-            if kind == "error":
-                raise _classify(item, phase, endpoint, tokens_sent)
-            if kind == "end":
-                break
-            chunk = item
-            model = chunk.model or model
-            if chunk.usage is not None:
-                usage = chunk.usage
-            for choice in chunk.choices or ():
-                text = choice.delta.content if choice.delta is not None else None
-                if text:
-                    if first_token_at is None:
-                        first_token_at = time.monotonic()
-                    tokens_sent += 1
-                    yield text
-                if choice.finish_reason:
-                    finish_reason = choice.finish_reason
+                stream = client.chat.completions.create(
+                    model=endpoint.model,
+                    messages=request.messages,
+                    max_tokens=request.max_tokens,
+                    temperature=request.temperature,
+                    top_p=request.top_p,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_body=extra_body(endpoint, request) or None,
+                    timeout=openai.Timeout(
+                        connect=endpoint.connect_timeout_s,
+                        read=min(endpoint.first_token_timeout_s, endpoint.total_timeout_s),
+                        write=endpoint.first_token_timeout_s,
+                        pool=endpoint.connect_timeout_s,
+                    ),
+                    **optional,
+                )
+            finally:
+                _current.watch = None
+            phase = "stream"
+            for chunk in stream:
+                if watch.expired or time.monotonic() > watch.deadline:
+                    raise deadline_error()
+                model = chunk.model or model
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                for choice in chunk.choices or ():
+                    text = choice.delta.content if choice.delta is not None else None
+                    if text:
+                        if first_token_at is None:
+                            first_token_at = time.monotonic()
+                            _watchdog.move(watch, total_deadline)
+                        tokens_sent += 1
+                        yield text
+                    if choice.finish_reason:
+                        finish_reason = choice.finish_reason
+        except UpstreamError:
+            raise
+        except Exception as exc:
+            if watch.expired or (phase == "stream" and time.monotonic() > watch.deadline):
+                raise deadline_error() from None
+            raise _classify(exc, phase, endpoint, tokens_sent) from None
     finally:
-        cancel.set()  # the helper thread stops at its next chunk and closes the connection
+        _watchdog.finish(watch)
+        if stream is not None:
+            stream.close()  # a stream left early: the connection is closed, not reused
 
     if finish_reason is None:
         raise UpstreamError(

@@ -2,18 +2,23 @@
 
 The web tier calls ``plan`` (which route and arm, sticky per client) and ``submit`` (the
 message on queue ``gpu`` for the local pool, ``remote`` for an OpenAI-compatible
-upstream). The worker runs ``inference.tasks.generate_routed``, which owns keys, retries
+upstream; ``RouteUnavailable`` first when no key could serve). The worker runs
+``inference.tasks.generate_routed`` (``inference.execution``), which owns keys, retries
 and failover, streams into ``gen:<request_id>`` and writes the ledger row.
 
-The payload carries ids, never secrets: the worker decrypts the key it picks.
+The payload carries ids, never secrets: the worker decrypts the key it picks. The route
+lookups are hand-written statements (``inference.rows``): one per plan, on every request.
+See docs/routing.md, "Keys, retries and failover".
 """
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass
 
-from inference.models import CanaryRelease, Route
+from inference.models import CanaryRelease, Provider, Route
+from inference.rows import Rows, fetch_one
 from ragsite.celery import Queue
 
 
@@ -43,27 +48,89 @@ class Plan:
     requested_route: Route
     release: CanaryRelease | None
     arm: str  # "" without a live release, else "stable" or "canary"
+    # Whether the serving route's provider had a usable key when planned (None: not known).
+    key_usable: bool | None = None
 
 
-def route_resolve(route_name: str | None) -> Route:
-    routes = Route.objects.select_related("provider").filter(enabled=True, provider__enabled=True)
-    if route_name:
-        route = routes.filter(name=route_name).first()
-        if route is None:
-            names = ", ".join(routes.values_list("name", flat=True)) or "none"
-            raise RouteNotFound(f"no enabled route named {route_name!r} (enabled routes: {names})")
-        return route
-    route = routes.filter(is_default=True).first()
-    if route is None:
-        raise NoRouteConfigured("no default route is configured; add a provider and a default route in the admin")
+@functools.cache
+def route_rows() -> Rows:
+    return Rows((Route, "r"), (Provider, "p"))
+
+
+@functools.cache
+def _plan_rows() -> Rows:
+    return Rows((Route, "r"), (Provider, "p"), (CanaryRelease, "c"), (Route, "cr"), (Provider, "cp"))
+
+
+def route_get(route_id: int) -> Route:
+    """The route with its provider (one query); ``Route.DoesNotExist`` if it is gone."""
+    rows = route_rows()
+    row = fetch_one(
+        f"SELECT {rows.columns} FROM inference_route r "  # noqa: S608 (column names from the models)
+        "JOIN inference_provider p ON p.id = r.provider_id WHERE r.id = %s",
+        [route_id],
+    )
+    if row is None:
+        raise Route.DoesNotExist(f"route {route_id} does not exist")
+    route, provider = rows.instances(row)
+    route.provider = provider
     return route
 
 
+_USABLE_KEY = (
+    "EXISTS (SELECT 1 FROM inference_upstreamkey k WHERE k.provider_id = {provider}.id AND (k.status = 'active' "
+    "OR (k.status = 'cooling_down' AND k.cooldown_until <= clock_timestamp())))"
+)
+
+
+def _resolve(route_name: str | None) -> tuple[Route, CanaryRelease | None, bool, bool]:
+    """The enabled route (named, else the default) with its provider and its live canary
+    release (with the canary route and provider), and whether each of the two providers has
+    a usable key now; one statement."""
+    rows = _plan_rows()
+    which = "r.name = %s" if route_name else "r.is_default"
+    row = fetch_one(
+        f"SELECT {rows.columns}, {_USABLE_KEY.format(provider='p')}, {_USABLE_KEY.format(provider='cp')} "  # noqa: S608
+        "FROM inference_route r JOIN inference_provider p ON p.id = r.provider_id "
+        "LEFT JOIN LATERAL (SELECT * FROM inference_canaryrelease live WHERE live.stable_route_id = r.id "
+        "  AND live.state = ANY(%s) ORDER BY live.created_at DESC LIMIT 1) c ON true "
+        "LEFT JOIN inference_route cr ON cr.id = c.canary_route_id "
+        "LEFT JOIN inference_provider cp ON cp.id = cr.provider_id "
+        f"WHERE r.enabled AND p.enabled AND {which} LIMIT 1",
+        [[str(state) for state in CanaryRelease.LIVE_STATES], *([route_name] if route_name else [])],
+    )
+    if row is None:
+        if route_name:
+            routes = Route.objects.filter(enabled=True, provider__enabled=True)
+            names = ", ".join(routes.values_list("name", flat=True)) or "none"
+            raise RouteNotFound(f"no enabled route named {route_name!r} (enabled routes: {names})")
+        raise NoRouteConfigured("no default route is configured; add a provider and a default route in the admin")
+    route, provider, release, canary_route, canary_provider = rows.instances(row)
+    route.provider = provider
+    if release is not None:
+        release.stable_route = route
+        canary_route.provider = canary_provider
+        release.canary_route = canary_route
+    return route, release, row[rows.width], row[rows.width + 1]
+
+
+def route_resolve(route_name: str | None) -> Route:
+    return _resolve(route_name)[0]
+
+
 def plan(*, route_name: str | None = None, client_id: str = "", request_id: str | None = None) -> Plan:
+    """The route and arm of a request: one query (route, provider, live release, canary
+    route and provider, whether they have a usable key) and the sticky arm
+    (``canary.arm_of``), decided as ``canary.arm_for`` does."""
     from inference import canary
 
-    requested = route_resolve(route_name)
-    release, arm = canary.arm_for(requested, client_id)
+    requested, release, requested_usable, canary_usable = _resolve(route_name)
+    if release is None:
+        arm = ""
+    elif not release.canary_route.enabled or not release.canary_route.provider.enabled:
+        arm = canary.STABLE
+    else:
+        arm = canary.arm_of(release, client_id)
     serving = release.canary_route if arm == canary.CANARY else requested
     return Plan(
         request_id=request_id or uuid.uuid4().hex,
@@ -71,6 +138,7 @@ def plan(*, route_name: str | None = None, client_id: str = "", request_id: str 
         requested_route=requested,
         release=release,
         arm=arm,
+        key_usable=canary_usable if arm == canary.CANARY else requested_usable,
     )
 
 
@@ -78,7 +146,24 @@ def queue_for(route: Route) -> str:
     return Queue.GPU.value if route.provider.is_local else Queue.REMOTE.value
 
 
-def submit(
+def check_available(route: Route, *, key_usable: bool | None = None) -> None:
+    """Raise ``RouteUnavailable`` when no key of the route's provider or of its fallbacks'
+    providers is usable now (all cooling down or disabled, or none at all). A route on the
+    local pool, or with a local fallback, is always available. One query when the route's
+    own provider has a usable key (the usual case), none when ``key_usable`` says so (from
+    the plan, which asked in its own query), two otherwise."""
+    from inference import keypool
+
+    if route.provider.is_local or key_usable or (key_usable is None and keypool.has_usable(route.provider_id)):
+        return
+    available = keypool.availability(route_id=route.id)
+    if available.usable == 0 and not available.local:
+        message = keypool.unavailable_message(route.name, available)
+        retry_after = available.retry_after_s
+        raise RouteUnavailable(message, retry_after_s=round(retry_after, 3) if retry_after is not None else None)
+
+
+def payload_for(
     plan: Plan,
     *,
     messages: list[dict],
@@ -89,17 +174,10 @@ def submit(
     seed: int | None = None,
     workspace_id: int | None = None,
     user_id: int | None = None,
-    link=None,
-) -> None:
-    """Enqueue the generation; the route's defaults fill what the request leaves out.
-
-    ``link``: a Celery signature called with the task's result dict (see
-    ``inference.tasks.generate_routed``) once the generation has ended, however it ended.
-    """
-    from inference.tasks import generate_routed
-
+) -> dict:
+    """The task's payload: ids and the request, the route's defaults where the request is silent."""
     route = plan.route
-    payload = {
+    return {
         "route_id": route.id,
         "requested_route_id": plan.requested_route.id,
         "release_id": plan.release.id if plan.release else None,
@@ -113,4 +191,23 @@ def submit(
         "workspace_id": workspace_id,
         "user_id": user_id,
     }
-    generate_routed.apply_async((plan.request_id, payload), queue=queue_for(route), link=link)
+
+
+def submit(plan: Plan, *, link=None, link_error=None, **request) -> None:
+    """Enqueue the generation (``request``: the keyword arguments of ``payload_for``).
+
+    Raises ``RouteUnavailable`` (with ``retry_after_s``) before enqueueing when every key
+    that could serve is cooling down or disabled: the API answers 503 with ``Retry-After``.
+
+    ``link``: a Celery signature called with the task's result dict (see
+    ``inference.tasks.generate_routed``) once the generation has ended, however it ended.
+    ``link_error``: a signature Celery calls (with the task id first) when the task itself
+    failed: its pool process died or hit the hard time limit, so ``link`` never runs.
+    """
+    from inference.tasks import generate_routed
+
+    check_available(plan.route, key_usable=plan.key_usable)
+    payload = payload_for(plan, **request)
+    generate_routed.apply_async(
+        (plan.request_id, payload), queue=queue_for(plan.route), link=link, link_error=link_error
+    )

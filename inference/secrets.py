@@ -65,7 +65,13 @@ def decrypt(token: str) -> str:
 
 def reencrypt(token: str) -> str:
     """The same secret under the first (newest) encryption key."""
-    return fernet().rotate(token.encode()).decode()
+    try:
+        return fernet().rotate(token.encode()).decode()
+    except InvalidToken:
+        raise SecretUnreadable(
+            "an upstream key cannot be re-encrypted: none of UPSTREAM_KEY_ENCRYPTION_KEYS (or the key derived from "
+            "SECRET_KEY) decrypts it; list the key it was stored with after the new one and run the command again"
+        ) from None
 
 
 def fingerprint(plaintext: str) -> str:

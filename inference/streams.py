@@ -3,6 +3,11 @@
 The worker appends events (``delta``, then ``stats`` or ``error``); readers follow with
 XREAD from any position, so a reader that arrives late or reconnects (with the last id it
 saw) loses nothing. Streams expire an hour after their last event.
+
+A routed generation (``inference.execution``) also writes ``retry`` events {attempt, kind,
+status, retry_after_s, message, wait_s, route} when an attempt failed and another follows
+(after ``wait_s`` seconds, on ``route``). Readers skip kinds they do not know; only
+``stats`` and ``error`` end a stream.
 """
 
 from __future__ import annotations
@@ -21,14 +26,24 @@ def stream_key(request_id: str) -> str:
     return f"gen:{request_id}"
 
 
+_clients: dict[str, redis.Redis] = {}
+
+
 def _client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30, socket_connect_timeout=5)
+    """One client (and connection pool) per process and URL: thread-safe, and reconnecting
+    per request would cost more than the writes (redis-py resets its pool after a fork)."""
+    client = _clients.get(settings.REDIS_URL)
+    if client is None:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30, socket_connect_timeout=5)
+        client = _clients.setdefault(settings.REDIS_URL, client)
+    return client
 
 
 class StreamWriter:
     def __init__(self, request_id: str, client: redis.Redis | None = None):
         self.key = stream_key(request_id)
         self.client = client or _client()
+        self._expiry_set = False
 
     def history(self) -> tuple[int, str | None]:
         """How many events the stream holds and the type of the last one (None if empty)."""
@@ -39,11 +54,92 @@ class StreamWriter:
         return length, (last[0][1][b"type"].decode() if last else None)
 
     def write(self, kind: str, /, **data) -> str:
-        pipe = self.client.pipeline()
-        pipe.xadd(self.key, {"type": kind, "data": json.dumps(data)})
-        pipe.expire(self.key, STREAM_TTL_SECONDS)
-        event_id, _ = pipe.execute()
+        """Append one event. The expiry is (re)set by this writer's first event and by the
+        terminal one, not by every delta: a generation ends long before an hour passes."""
+        fields = {"type": kind, "data": json.dumps(data)}
+        if self._expiry_set and kind not in TERMINAL:
+            event_id = self.client.xadd(self.key, fields)
+        else:
+            pipe = self.client.pipeline(transaction=False)  # one round trip; XADD is atomic alone
+            pipe.xadd(self.key, fields)
+            pipe.expire(self.key, STREAM_TTL_SECONDS)
+            event_id, _ = pipe.execute()
+            self._expiry_set = True
         return event_id.decode() if isinstance(event_id, bytes) else event_id
+
+
+def _resp(*parts: bytes) -> bytes:
+    """One command in the Redis protocol (RESP): an array of bulk strings."""
+    out = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        out += (b"$%d\r\n" % len(part), part, b"\r\n")
+    return b"".join(out)
+
+
+class PipelinedStreamWriter(StreamWriter):
+    """A writer that does not wait for each event's reply (Redis pipelining): each event is
+    sent at once, in order, and readers see it as soon as Redis has it; the replies are
+    read when a terminal event is written, on ``flush`` and on ``close``, where a failure
+    surfaces. It holds one connection of the pool until ``close``; one thread at a time.
+    ``write`` returns None (the event id is in a reply not read yet). What a routed
+    generation streams with (``inference.execution``): a delta costs the send, not a round
+    trip."""
+
+    MAX_PENDING = 64
+
+    def __init__(self, request_id: str, client: redis.Redis | None = None):
+        super().__init__(request_id, client)
+        self._key = self.key.encode()
+        self._connection = None
+        self._pending = 0
+
+    def write(self, kind: str, /, **data) -> None:
+        payload = _resp(b"XADD", self._key, b"*", b"type", kind.encode(), b"data", json.dumps(data).encode())
+        commands = 1
+        if not self._expiry_set or kind in TERMINAL:
+            payload += _resp(b"EXPIRE", self._key, b"%d" % STREAM_TTL_SECONDS)
+            commands = 2
+        if self._connection is None:
+            self._connection = self.client.connection_pool.get_connection()
+        try:
+            self._connection.send_packed_command([payload], check_health=False)
+        except BaseException:
+            self._drop()
+            raise
+        self._expiry_set = True
+        self._pending += commands
+        if kind in TERMINAL or self._pending >= self.MAX_PENDING:
+            self.flush()
+
+    def flush(self) -> None:
+        try:
+            while self._pending:
+                self._connection.read_response()
+                self._pending -= 1
+        except BaseException:
+            self._drop()
+            raise
+
+    def close(self) -> None:
+        if self._connection is not None:
+            try:
+                self.flush()
+            finally:
+                if self._connection is not None:
+                    self.client.connection_pool.release(self._connection)
+                    self._connection = None
+
+    def _drop(self) -> None:
+        """After a failure the connection's replies are out of step: close it."""
+        connection, self._connection, self._pending = self._connection, None, 0
+        if connection is not None:
+            connection.disconnect()
+            self.client.connection_pool.release(connection)
+
+
+# One XREAD blocks at most this long: well under the client's 30 s socket timeout, so a
+# long wait is several reads rather than a socket error.
+_READ_SLICE_MS = 10_000
 
 
 def stream_read(request_id: str, *, after: str = "0", block_ms: int = 15000) -> Iterator[tuple[str, str, dict]]:
@@ -55,9 +151,15 @@ def stream_read(request_id: str, *, after: str = "0", block_ms: int = 15000) -> 
     key = stream_key(request_id)
     last = after
     while True:
-        response = client.xread({key: last}, count=100, block=block_ms)
-        if not response:
-            raise TimeoutError(f"no event on {key} for {block_ms} ms")
+        waited_ms = 0
+        while True:
+            slice_ms = max(1, min(_READ_SLICE_MS, block_ms - waited_ms))
+            response = client.xread({key: last}, count=100, block=slice_ms)
+            if response:
+                break
+            waited_ms += slice_ms
+            if waited_ms >= block_ms:
+                raise TimeoutError(f"no event on {key} for {block_ms} ms")
         for event_id, fields in response[0][1]:
             last = event_id.decode()
             kind = fields[b"type"].decode()

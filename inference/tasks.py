@@ -30,11 +30,12 @@ logger = logging.getLogger(__name__)
 GENERATION_TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": False}
 
 
-def _already_streamed(writer: StreamWriter) -> dict | None:
+def _already_streamed(writer: StreamWriter, expected: int = 0) -> dict | None:
     """Refuse to run a request twice: a message redelivered (after its whole worker vanished,
-    past the broker's visibility timeout) finds its stream already started."""
+    past the broker's visibility timeout) finds its stream already started. ``expected``:
+    the events a handover found there (``inference.execution``), which are not a restart."""
     events, last = writer.history()
-    if not events:
+    if events <= expected and last not in TERMINAL:
         return None
     if last in TERMINAL:
         return {"skipped": "already finished"}
@@ -201,21 +202,32 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
     """A generation on a route (``inference.router.submit``): keys, retries and failover,
     the stream ``gen:<request_id>``, one ledger row. Sent to queue ``gpu`` for the local
     pool and ``remote`` for an upstream; returns ``Outcome.result`` (text, stats, error,
-    route, provider, arm, attempts), which ``submit``'s ``link`` receives."""
+    route, provider, arm, attempts), which ``submit``'s ``link`` receives.
+
+    When the request must go on on the other queue (a fallback route on the local pool,
+    reached from the remote worker, or the reverse), this task is replaced by one on that
+    queue with the same id, the attempt state in its payload, and the same ``link``."""
     from inference.execution import run_routed
 
     writer = StreamWriter(request_id)
-    if (refused := _already_streamed(writer)) is not None:
+    handover = payload.get("handover") or {}
+    if (refused := _already_streamed(writer, expected=int(handover.get("events", 0)))) is not None:
         return refused
-    return run_routed(request_id, payload)
+    result = run_routed(request_id, payload)
+    if result.get("status") == "handed_over":
+        return self.replace(generate_routed.signature((request_id, result["payload"]), queue=result["queue"]))
+    return result
 
 
 @task_failure.connect
 def _end_stream_of_lost_generation(sender=None, task_id=None, exception=None, args=None, **_):
     """Runs in the worker's parent when a pool process died mid-generation (killed, out of
     host memory, a crash in native code) or hit the hard time limit: the request's stream
-    gets its terminal ``error`` so that its reader stops waiting, and nothing is retried."""
-    if sender not in (generate_local, generate_remote, generate_routed) or not args:
+    gets its terminal ``error`` so that its reader stops waiting, nothing is retried, and a
+    routed request still gets its ledger row (the tokens its stream holds), so that nothing
+    served goes unbilled. (``submit``'s ``link_error`` tells the caller, e.g. the answer.)"""
+    name = getattr(sender, "name", None)  # shared_task gives proxies: compare by name
+    if name not in (generate_local.name, generate_remote.name, generate_routed.name) or not args:
         return
     if isinstance(exception, WorkerLostError):
         reason = f"the worker process running this request died ({exception})"
@@ -223,6 +235,24 @@ def _end_stream_of_lost_generation(sender=None, task_id=None, exception=None, ar
         reason = f"the request ran past the worker's hard time limit ({exception})"
     else:
         return
+    if name == generate_routed.name and len(args) > 1:
+        # Before the stream's end, so that whoever sees the end finds the row.
+        from inference.execution import ledger_write_lost
+
+        try:
+            ledger_write_lost(args[0], args[1], reason)
+        except Exception:  # the stream must still end; a ledger failure is logged, not raised
+            logger.exception("the ledger row of lost generation %s could not be written", args[0])
     writer = StreamWriter(args[0])
     if writer.history()[1] not in TERMINAL:
-        writer.write("error", field=None, message=f"{reason}; the request was not retried")
+        writer.write("error", field=None, kind="worker_lost", message=f"{reason}; the request was not retried")
+
+
+@shared_task(name="inference.tasks.canary_analyse", ignore_result=True)
+def canary_analyse() -> list[dict]:
+    """Beat, every minute (queue ``default``): judge each live canary release's newest
+    complete window, rolling back or promoting a step (``inference.canary.analyse_releases``).
+    Safe to run twice at once: each release is analysed under its row lock, once per window."""
+    from inference.canary import analyse_releases
+
+    return analyse_releases()

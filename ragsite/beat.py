@@ -15,4 +15,10 @@ BEAT_SCHEDULE = {
         "schedule": 3600.0,
         "options": {"expires": 3600},
     },
+    # Judges live canary releases window by window; rolls back or steps them (inference/canary.py).
+    "canary-analyse": {
+        "task": "inference.tasks.canary_analyse",
+        "schedule": 60.0,
+        "options": {"expires": 60},
+    },
 }

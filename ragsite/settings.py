@@ -147,6 +147,23 @@ CANARY_HASH_KEY = env_str("CANARY_HASH_KEY") or hashlib.sha256(f"canary-arms:{SE
 GPU_DEVICES = env_list("GPU_DEVICES", [])
 REMOTE_WORKER_CONCURRENCY = env_int("REMOTE_WORKER_CONCURRENCY", 16, minimum=1, maximum=1000)
 
+# Routing a generation (inference/execution.py, docs/routing.md): at most this many
+# upstream attempts per request, all within one deadline (seconds from the start of the
+# first attempt); between rounds of attempts, exponential backoff with full jitter
+# (a random wait in [0, min(max, base * 2^(attempt - 1))]).
+ROUTER_MAX_ATTEMPTS = env_int("ROUTER_MAX_ATTEMPTS", 5, minimum=1, maximum=50)
+ROUTER_DEADLINE_S = env_float("ROUTER_DEADLINE_S", 120.0, minimum=1.0)
+ROUTER_BACKOFF_BASE_S = env_float("ROUTER_BACKOFF_BASE_S", 0.5, minimum=0.0)
+ROUTER_BACKOFF_MAX_S = env_float("ROUTER_BACKOFF_MAX_S", 8.0, minimum=0.0)
+# An upstream key answered 429 without retry-after-ms / Retry-After: it cools down for
+# base * 2^(its consecutive failures) seconds, at most max (inference/keypool.py).
+UPSTREAM_KEY_COOLDOWN_BASE_S = env_float("UPSTREAM_KEY_COOLDOWN_BASE_S", 1.0, minimum=0.0)
+UPSTREAM_KEY_COOLDOWN_MAX_S = env_float("UPSTREAM_KEY_COOLDOWN_MAX_S", 60.0, minimum=0.0)
+# The routing statements every request runs are prepared once per connection (inference/rows.py);
+# false behind a connection pooler that keeps no prepared statements (PgBouncer < 1.21 in
+# transaction mode).
+ROUTER_PREPARED_STATEMENTS = env_bool("ROUTER_PREPARED_STATEMENTS", True)
+
 # How long /readyz waits for workers to answer a broadcast ping.
 READYZ_WORKER_TIMEOUT = env_float("READYZ_WORKER_TIMEOUT", 1.0, minimum=0.05)
 

@@ -1,7 +1,9 @@
-"""Celery tasks of the search app (queue ``ingest``): thin wrappers that load ids and call one service."""
+"""Celery tasks of the search app: ingestion on queue ``ingest``, the short answer tasks on ``default``;
+thin wrappers that load ids and call one service."""
 
 from __future__ import annotations
 
+import logging
 import random
 
 import redis
@@ -13,6 +15,8 @@ from django.db import InterfaceError, OperationalError
 from ragsite.celery import LONG_TASK_OPTIONS
 from search.ingest import pipeline
 from search.models import Document
+
+logger = logging.getLogger(__name__)
 
 # Infrastructure hiccups (database restart, broker blip) are retried with backoff;
 # anything wrong with the document itself ends as `failed` inside the pipeline.
@@ -55,3 +59,67 @@ def search_indexes_maintain() -> str | None:
     from search.vector_indexes import search_indexes_maintain as maintain
 
     return maintain(min_chunks=settings.SEARCH_BM25_INDEX_MIN_CHUNKS)
+
+
+# --------------------------------------------------------------------------- answers (queue ``default``)
+# Linked from ``inference.router.submit``: Celery calls them with the generation's result
+# (``Outcome.result``) first. Both are short and idempotent (a finished answer, or a map
+# already stored, is left as it is), so a redelivered message does no harm.
+
+
+@shared_task(name="search.tasks.answer_finalize", bind=True, ignore_result=True, max_retries=None)
+def answer_finalize(self, result: dict, answer_id: str) -> None:
+    """Store the end of an answer's generation (``search.answers.answer_finalize``). When the
+    result is not the generation's end (it went on on another queue), watch the stream."""
+    from search import answers
+
+    try:
+        _, waiting = answers.answer_finalize(answer_id=answer_id, result=result)
+    except TRANSIENT_ERRORS as exc:
+        if self.request.retries < MAX_RETRIES:
+            raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from exc
+        _answer_fail_on(exc, answer_id)
+        raise
+    except Exception as exc:
+        _answer_fail_on(exc, answer_id)
+        raise
+    if waiting:
+        raise self.retry(args=({"status": "watch"}, answer_id), countdown=answers.FINALIZE_WATCH_INTERVAL_S)
+
+
+@shared_task(name="search.tasks.answer_map_collect", bind=True, ignore_result=True, max_retries=None)
+def answer_map_collect(self, result: dict, answer_id: str, index: int) -> None:
+    """Store one map request's notes of a map-reduce answer; the last submits the reduce."""
+    from search import answers
+
+    try:
+        done = answers.answer_map_collect(answer_id=answer_id, index=index, result=result)
+    except TRANSIENT_ERRORS as exc:
+        if self.request.retries < MAX_RETRIES:
+            raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from exc
+        _answer_fail_on(exc, answer_id)
+        raise
+    except Exception as exc:
+        _answer_fail_on(exc, answer_id)
+        raise
+    if not done:
+        raise self.retry(args=({"status": "watch"}, answer_id, index), countdown=answers.FINALIZE_WATCH_INTERVAL_S)
+
+
+@shared_task(name="search.tasks.answer_generation_lost", ignore_result=True)
+def answer_generation_lost(task_id: str, answer_id: str) -> None:
+    """``link_error`` of an answer's generation: its task failed without a result (the pool
+    process died, or the hard time limit), so ``answer_finalize`` was never called. It
+    runs now, without a result: it reads the stream, whose terminal ``error`` the worker's
+    parent writes, and fails the answer with that reason."""
+    answer_finalize.delay({"status": "lost", "task_id": task_id}, answer_id)
+
+
+def _answer_fail_on(exc: Exception, answer_id: str) -> None:
+    """A bug or a lasting outage must not leave an answer ``generating`` for ever."""
+    from search import answers
+
+    try:
+        answers.answer_fail(answer_id, f"the answer could not be stored: {type(exc).__name__}", end_stream=True)
+    except Exception:  # the database or Redis is still down: the exception above is logged
+        logger.exception("answer %s could not be marked failed", answer_id)

@@ -37,6 +37,8 @@ Fault injection, per API key (so concurrent tests with different keys never inte
       that clients keep keys out of their messages;
     - ``"first_byte_delay_ms": N``: wait before sending anything, then go on;
     - ``"token_delay_ms": N``: wait before each token chunk;
+    - ``"keepalive_ms": N``: while waiting before a token chunk, send an SSE comment
+      (``: keep-alive``) every N ms, as proxies and some servers do (clients skip them);
     - ``"cut_after_tokens": N``: send N token chunks, then drop the connection mid-body
       (no finish_reason, no ``[DONE]``, no end of the chunked body);
     - ``"end_after_tokens": N``: send N token chunks, then end the body cleanly without a
@@ -81,6 +83,7 @@ STEP_KEYS = {
     "retry_after",
     "first_byte_delay_ms",
     "token_delay_ms",
+    "keepalive_ms",
     "cut_after_tokens",
     "end_after_tokens",
     "no_usage",
@@ -404,6 +407,16 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             raise ClientGone(sent) from None
 
+    def _pause(self, seconds: float, keepalive_ms: int | None, sent: int) -> None:
+        if not keepalive_ms:
+            time.sleep(seconds)
+            return
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, keepalive_ms / 1000))
+            if end - time.monotonic() > 0:
+                self._write_chunk(b": keep-alive\n\n", sent)
+
     def _stream(self, body: dict, options: dict, tokens: list[str], finish_reason: str, prompt_tokens: int):
         """Send the SSE stream; returns (outcome, tokens sent, whether usage was sent)."""
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and not options.get("no_usage")
@@ -432,7 +445,7 @@ class Handler(BaseHTTPRequestHandler):
             if end is not None and sent >= end:
                 break
             if options.get("token_delay_ms"):
-                time.sleep(options["token_delay_ms"] / 1000)
+                self._pause(options["token_delay_ms"] / 1000, options.get("keepalive_ms"), sent)
             self._write_chunk(event({"content": token}), sent)
             sent += 1
         if cut is not None and sent >= cut:

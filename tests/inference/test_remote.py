@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import socket
+import time
 import uuid
 from datetime import UTC, datetime
 
@@ -245,6 +246,18 @@ def test_the_total_deadline_ends_a_slow_stream(upstream_server, api_key):
     assert error.tokens_sent == len(deltas) < len(WORDS)
     assert deltas == WORDS[: len(deltas)]
     assert "total_timeout_s=1.5" in error.message
+
+
+def test_keep_alive_comments_do_not_hold_off_the_first_token_deadline(upstream_server, api_key):
+    # The comments keep httpx's read timeout from firing and the SDK yields nothing for
+    # them: the watchdog ends the call at its deadline, not when the token comes (8 s).
+    upstream_script(upstream_server, api_key, [{"token_delay_ms": 8000, "keepalive_ms": 200}])
+    endpoint = RemoteEndpoint(upstream_server, api_key, "m", first_token_timeout_s=1, total_timeout_s=30)
+    started = time.monotonic()
+    deltas, _, error = run(endpoint, chat())
+    assert deltas == [] and (error.kind, error.tokens_sent) == ("timeout", 0)
+    assert "first_token_timeout_s=1" in error.message
+    assert time.monotonic() - started < 5
 
 
 def test_a_stream_cut_after_three_tokens_is_broken_after_exactly_three_deltas(endpoint, upstream_server, api_key):

@@ -1,0 +1,337 @@
+"""The upstream key pool: which key a request uses, and what each attempt did to the key.
+
+The ``UpstreamKey`` rows are the pool, shared by every process through PostgreSQL (and
+what the admin shows). Each function here is one SQL statement, one round trip:
+
+- ``pick``: the least recently used usable key of a provider, marked used (``last_used_at``
+  is set at pick time, so concurrent workers rotate instead of piling onto one key). A key
+  is usable when ``active``, or ``cooling_down`` with ``cooldown_until`` passed; picking
+  such a key flips it back to ``active``. Rows another transaction holds are skipped
+  (``FOR UPDATE SKIP LOCKED``); when every usable row is held, the least recently used one
+  is taken anyway (waiting the few microseconds for its lock) rather than reporting none.
+- ``route_with_key``: a route with its provider and the first key of a request, picked as
+  ``pick`` does, in the statement that loads the route.
+- ``report_success``: consecutive failures back to 0, ``success_count`` + 1 (a routed request
+  sends ``SUCCESS`` with its ledger row instead, in one statement: ``inference.execution``).
+- ``report_failure``: by the attempt's error kind (``inference.remote.UpstreamError``):
+
+  ==================  ===================================================================
+  ``rate_limited``    cooling down until now + ``retry_after_s`` (the upstream's
+                      ``retry-after-ms`` or ``Retry-After``), else now +
+                      min(``UPSTREAM_KEY_COOLDOWN_MAX_S``, ``UPSTREAM_KEY_COOLDOWN_BASE_S``
+                      * 2^consecutive failures); a later end already set is kept
+  ``unauthorized``    disabled, with ``disabled_reason`` naming the provider, the HTTP
+                      status and what to do; never picked again until an operator sets it
+                      back to active in the admin
+  ``bad_request``     nothing: the request was at fault, not the key
+  anything else       (5xx, timeouts, connection errors, broken streams) counted
+  ==================  ===================================================================
+
+  Every counted failure adds to ``consecutive_failures`` and ``failure_count`` and sets
+  ``last_error`` and ``last_failure_at``.
+- ``has_usable`` and ``availability``: whether a provider has a key usable now; for a route
+  and its fallbacks (or a list of providers), how many and when the first cooling key comes
+  back (``router.submit``'s 503 with ``Retry-After``, and the message saying why).
+
+Decrypted secrets are cached per process under (key id, encrypted secret): the hot path
+pays Fernet once per key, and a replaced or re-encrypted secret is a new cache entry.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.db import connection
+
+from inference.rows import cursor, fetch_one
+from inference.secrets import decrypt
+
+
+@dataclass(frozen=True)
+class PickedKey:
+    id: int
+    provider_id: int
+    label: str
+    last_four: str
+    secret_encrypted: str = field(repr=False)
+
+    def secret(self) -> str:
+        return plaintext(self.id, self.secret_encrypted)
+
+    def __str__(self) -> str:
+        return f"{self.label} (…{self.last_four})"
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """A key's state after ``report_failure``."""
+
+    status: str
+    cooldown_until: datetime | None
+    consecutive_failures: int
+
+
+@dataclass(frozen=True)
+class Availability:
+    usable: int  # keys usable now, over all the providers asked about
+    keys: int  # all their keys, whatever their state
+    retry_after_s: float | None  # until the first cooling key comes back; None when none is cooling
+    providers: list[dict]  # per provider: id, name, local, usable, cooling, disabled, keys, retry_after_s
+    local: bool = False  # one of them is the local pool, which needs no key
+
+
+@functools.lru_cache(maxsize=1024)
+def plaintext(key_id: int, secret_encrypted: str) -> str:
+    return decrypt(secret_encrypted)
+
+
+_PICK = """
+UPDATE inference_upstreamkey AS k
+SET last_used_at = clock_timestamp(), status = 'active', cooldown_until = NULL
+WHERE k.id = COALESCE(
+    (SELECT id FROM inference_upstreamkey
+     WHERE provider_id = {provider} AND NOT (id = ANY(%(exclude)s))
+       AND (status = 'active' OR (status = 'cooling_down' AND cooldown_until <= clock_timestamp()))
+     ORDER BY last_used_at ASC NULLS FIRST, id LIMIT 1 FOR UPDATE SKIP LOCKED),
+    (SELECT id FROM inference_upstreamkey
+     WHERE provider_id = {provider} AND NOT (id = ANY(%(exclude)s))
+       AND (status = 'active' OR (status = 'cooling_down' AND cooldown_until <= clock_timestamp()))
+     ORDER BY last_used_at ASC NULLS FIRST, id LIMIT 1)
+)
+AND (k.status = 'active' OR (k.status = 'cooling_down' AND k.cooldown_until <= clock_timestamp()))
+{no_flush}
+RETURNING k.id, k.provider_id, k.label, k.last_four, k.secret_encrypted
+"""
+SUCCESS = "UPDATE inference_upstreamkey SET consecutive_failures = 0, success_count = success_count + 1 WHERE id = %s"
+# Rotation and success counts are bookkeeping: their commits need not wait for the WAL
+# flush (a database crash could lose the last fraction of a second of them, nothing
+# else), which saves about a quarter of a millisecond per statement on the request path.
+# ``set_config(..., true)`` lasts for the statement's own transaction: outside a
+# transaction only. Failures (cooldowns, disabled keys) always wait for the flush.
+_NO_FLUSH = "AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+
+
+def _pick_sql(provider: str) -> str:
+    """The pick statement for the provider that SQL expression ``provider`` names."""
+    return _PICK.format(provider=provider, no_flush="" if connection.in_atomic_block else _NO_FLUSH)
+
+
+def pick(provider_id: int, *, exclude: tuple[int, ...] | list[int] | set[int] = ()) -> PickedKey | None:
+    """The least recently used usable key of the provider (not in ``exclude``), marked used.
+
+    The second subquery runs only when the first finds nothing (COALESCE evaluates lazily):
+    one statement either way. The outer condition re-checks usability after a lock wait.
+    """
+    with cursor() as cursor_:
+        cursor_.execute(_pick_sql("%(provider)s"), {"provider": provider_id, "exclude": sorted(exclude)})
+        row = cursor_.fetchone()
+    return PickedKey(*row) if row else None
+
+
+def report_success(key_id: int) -> None:
+    """(A routed request does this in the statement that writes its ledger row.)"""
+    with cursor() as cursor_:
+        cursor_.execute(SUCCESS + " " + (_NO_FLUSH if not connection.in_atomic_block else ""), [key_id])
+
+
+def route_with_key(route_id: int) -> tuple:
+    """The route with its provider and, for a remote provider, its next key as ``pick``
+    chooses it (or None): one statement, the first of every routed request."""
+    from inference.router import route_rows
+
+    rows = route_rows()
+    provider = (
+        "(SELECT route.provider_id FROM inference_route route JOIN inference_provider provider "
+        "ON provider.id = route.provider_id WHERE route.id = %(route)s AND provider.kind <> 'local')"
+    )
+    # Column names from the models, constant SQL: the values are all bound parameters.
+    sql = f"WITH picked AS ({_pick_sql(provider)}) SELECT {rows.columns}, picked.* FROM inference_route r "  # noqa: S608
+    sql += "JOIN inference_provider p ON p.id = r.provider_id LEFT JOIN picked ON true WHERE r.id = %(route)s"
+    row = fetch_one(sql, {"route": route_id, "exclude": []})
+    if row is None:
+        raise rows.parts[0][0].DoesNotExist(f"route {route_id} does not exist")
+    route, provider_row = rows.instances(row)
+    route.provider = provider_row
+    key = row[rows.width :]
+    return route, (PickedKey(*key) if key[0] is not None else None)
+
+
+_HAS_USABLE = """
+SELECT EXISTS (SELECT 1 FROM inference_upstreamkey WHERE provider_id = %s
+    AND (status = 'active' OR (status = 'cooling_down' AND cooldown_until <= clock_timestamp())))
+"""
+
+
+def has_usable(provider_id: int) -> bool:
+    """Whether the provider has a key usable now (the cheap check before ``availability``)."""
+    with cursor() as cursor_:
+        cursor_.execute(_HAS_USABLE, [provider_id])
+        return cursor_.fetchone()[0]
+
+
+# The exponent of the cooldown without a header stops growing at 20 (2^20 s is 12 days).
+_RATE_LIMITED = """
+UPDATE inference_upstreamkey SET
+    status = CASE WHEN status = 'disabled' THEN status ELSE 'cooling_down' END,
+    cooldown_until = CASE WHEN status = 'disabled' THEN cooldown_until ELSE GREATEST(
+        clock_timestamp() + make_interval(secs => COALESCE(
+            %(retry_after)s::float8,
+            LEAST(%(base)s::float8 * power(2, LEAST(consecutive_failures, 20)), %(cap)s::float8)
+        )),
+        CASE WHEN status = 'cooling_down' THEN cooldown_until END
+    ) END,
+    consecutive_failures = consecutive_failures + 1,
+    failure_count = failure_count + 1,
+    last_error = %(message)s,
+    last_failure_at = clock_timestamp()
+WHERE id = %(id)s
+RETURNING status, cooldown_until, consecutive_failures
+"""
+
+_DISABLE = """
+UPDATE inference_upstreamkey SET
+    status = 'disabled', cooldown_until = NULL, disabled_reason = %(reason)s,
+    consecutive_failures = consecutive_failures + 1,
+    failure_count = failure_count + 1,
+    last_error = %(message)s,
+    last_failure_at = clock_timestamp()
+WHERE id = %(id)s
+RETURNING status, cooldown_until, consecutive_failures
+"""
+
+_FAILED = """
+UPDATE inference_upstreamkey SET
+    consecutive_failures = consecutive_failures + 1,
+    failure_count = failure_count + 1,
+    last_error = %(message)s,
+    last_failure_at = clock_timestamp()
+WHERE id = %(id)s
+RETURNING status, cooldown_until, consecutive_failures
+"""
+
+
+def disabled_reason(provider_name: str, status: int | None, message: str) -> str:
+    what = f"HTTP {status}" if status else "refused"
+    return (
+        f"Disabled automatically: provider {provider_name} answered {what} for this key ({message}). "
+        "Check the key with the provider, replace it or fix its account, then set the status back to "
+        "active here; until then it is never used."
+    )
+
+
+def report_failure(
+    key_id: int, *, kind: str, message: str, provider_name: str, status: int | None = None, retry_after_s=None
+) -> KeyState | None:
+    """Record a failed attempt with this key (see the module docstring); the key's new state."""
+    if kind == "bad_request":
+        return None
+    params = {"id": key_id, "message": message[:2000]}
+    if kind == "rate_limited":
+        sql = _RATE_LIMITED
+        params.update(
+            retry_after=retry_after_s,
+            base=settings.UPSTREAM_KEY_COOLDOWN_BASE_S,
+            cap=settings.UPSTREAM_KEY_COOLDOWN_MAX_S,
+        )
+    elif kind in ("unauthorized", "unreadable"):
+        sql = _DISABLE
+        params["reason"] = (
+            disabled_reason(provider_name, status, message)
+            if kind == "unauthorized"
+            else f"Disabled automatically: {message}. Enter the key again here, or configure the encryption key "
+            "it was stored with in UPSTREAM_KEY_ENCRYPTION_KEYS, then set the status back to active."
+        )
+    else:
+        sql = _FAILED
+    with cursor() as cursor_:
+        cursor_.execute(sql, params)
+        row = cursor_.fetchone()
+    return KeyState(*row) if row else None
+
+
+_AVAILABILITY = """
+SELECT p.id, p.name, p.kind,
+    count(k.id) FILTER (
+        WHERE k.status = 'active' OR (k.status = 'cooling_down' AND k.cooldown_until <= clock_timestamp())
+    ),
+    count(k.id) FILTER (WHERE k.status = 'cooling_down' AND k.cooldown_until > clock_timestamp()),
+    count(k.id) FILTER (WHERE k.status = 'disabled'),
+    count(k.id),
+    EXTRACT(EPOCH FROM min(k.cooldown_until - clock_timestamp())
+        FILTER (WHERE k.status = 'cooling_down' AND k.cooldown_until > clock_timestamp()))::float8
+FROM inference_provider p
+LEFT JOIN inference_upstreamkey k ON k.provider_id = p.id
+WHERE p.id IN ({providers})
+GROUP BY p.id, p.name, p.kind
+ORDER BY p.id
+"""
+# A route's provider and those of its enabled fallbacks on enabled providers.
+_ROUTE_PROVIDERS = """
+SELECT provider_id FROM inference_route WHERE id = %s
+UNION
+SELECT fallback.provider_id FROM inference_routefallback link
+JOIN inference_route fallback ON fallback.id = link.fallback_id
+JOIN inference_provider provider ON provider.id = fallback.provider_id
+WHERE link.route_id = %s AND fallback.enabled AND provider.enabled
+"""
+
+
+def availability(provider_ids: list[int] | None = None, *, route_id: int | None = None) -> Availability:
+    """Usable keys now over these providers (or over a route's and its fallbacks'), and when
+    the first cooling key comes back; one query. A local provider needs no key: ``local``."""
+    if route_id is not None:
+        sql, params = _AVAILABILITY.format(providers=_ROUTE_PROVIDERS), [route_id, route_id]
+    else:
+        sql, params = _AVAILABILITY.format(providers="SELECT unnest(%s::bigint[])"), [list(provider_ids or ())]
+    with cursor() as cursor_:
+        cursor_.execute(sql, params)
+        rows = cursor_.fetchall()
+    providers = [
+        {
+            "id": row[0],
+            "name": row[1],
+            "local": row[2] == "local",
+            "usable": row[3],
+            "cooling": row[4],
+            "disabled": row[5],
+            "keys": row[6],
+            "retry_after_s": row[7],
+        }
+        for row in rows
+    ]
+    waits = [p["retry_after_s"] for p in providers if p["retry_after_s"] is not None]
+    return Availability(
+        usable=sum(p["usable"] for p in providers),
+        keys=sum(p["keys"] for p in providers),
+        retry_after_s=min(waits) if waits else None,
+        providers=providers,
+        local=any(p["local"] for p in providers),
+    )
+
+
+def unavailable_message(route_name: str, availability: Availability) -> str:
+    """Why no key can serve, per provider, and what to do."""
+    parts = []
+    for provider in availability.providers:
+        if provider["local"]:
+            continue
+        name = provider["name"]
+        if provider["keys"] == 0:
+            parts.append(f"provider {name} has no upstream key: add one in the admin (Inference, Upstream keys)")
+            continue
+        states = []
+        if provider["cooling"]:
+            states.append(
+                f"{provider['cooling']} cooling down after rate limits (the first is back in "
+                f"{provider['retry_after_s']:.1f} s)"
+            )
+        if provider["disabled"]:
+            states.append(
+                f"{provider['disabled']} disabled after the provider rejected them (see each key's reason "
+                "in the admin; replace or re-enable them)"
+            )
+        parts.append(f"provider {name}: {' and '.join(states) or 'no usable key'}")
+    return f"route {route_name!r} cannot be served now: " + "; ".join(parts)

@@ -1,0 +1,83 @@
+"""Model instances from hand-written SQL, for the statements every routed request runs.
+
+On that path, compiling an ORM query costs several times its round trip to PostgreSQL
+(measured in ``benchmarks/router_overhead.py``), and one statement can do the work of
+several ORM calls (a route with its provider, its live canary release and a key, or a key's
+success with the ledger row). ``Rows`` lists the columns of several models for a SELECT and
+turns a result row back into instances the way the ORM does (``Model.from_db`` and each
+field's ``from_db_value``); ``insert_values`` prepares an instance's INSERT the way
+``Model.save`` does (``pre_save`` and ``get_db_prep_save`` for every field).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from django.conf import settings
+from django.db import connection
+from django.db.backends.postgresql.base import ServerBindingCursor
+
+
+class Rows:
+    def __init__(self, *models_and_aliases):
+        self.parts = [(model, alias, list(model._meta.concrete_fields)) for model, alias in models_and_aliases]
+        self.columns = ", ".join(f"{alias}.{field.column}" for _, alias, fields in self.parts for field in fields)
+        self.width = sum(len(fields) for _, _, fields in self.parts)
+
+    def instances(self, row) -> list:
+        """One instance per model, None where a LEFT JOIN found nothing (its first column,
+        the primary key, is NULL). Columns after the models' are left for the caller."""
+        made, offset = [], 0
+        for model, _, fields in self.parts:
+            values = row[offset : offset + len(fields)]
+            offset += len(fields)
+            if values[0] is None:
+                made.append(None)
+                continue
+            values = [
+                field.from_db_value(value, None, connection) if hasattr(field, "from_db_value") else value
+                for field, value in zip(fields, values, strict=True)
+            ]
+            made.append(model.from_db(connection.alias, [field.attname for field in fields], values))
+        return made
+
+
+def cursor():
+    """A cursor for these statements: Django's (its error wrapping, query logging and
+    counting), binding parameters on the server so that each statement is prepared on its
+    first run in a connection and never planned again (planning the route-and-release join
+    costs about three times executing it). Off with ``ROUTER_PREPARED_STATEMENTS=false``,
+    for a connection pooler that keeps no prepared statements (PgBouncer in transaction
+    mode before 1.21). Django's own cursors bind on the client and prepare nothing, so
+    the connection's ``prepare_threshold`` set here changes only these."""
+    if not settings.ROUTER_PREPARED_STATEMENTS:
+        return connection.cursor()
+    with connection.wrap_database_errors:
+        connection.ensure_connection()
+        raw = connection.connection
+        if raw.prepare_threshold is None:
+            raw.prepare_threshold = 0
+        return connection._prepare_cursor(ServerBindingCursor(raw))
+
+
+def fetch_one(sql: str, params):
+    with cursor() as cursor_:
+        cursor_.execute(sql, params)
+        return cursor_.fetchone()
+
+
+def insert_values(instance) -> tuple[str, list]:
+    """``INSERT ... RETURNING`` the primary key of a new instance, and its values, as
+    ``Model.save`` would send them (the auto primary key left to the database)."""
+    sql, fields = _insert_sql(type(instance))
+    return sql, [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
+
+
+@functools.cache
+def _insert_sql(model) -> tuple[str, list]:
+    meta = model._meta
+    fields = [field for field in meta.concrete_fields if not (field.primary_key and field.db_returning)]
+    columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
+    placeholders = ", ".join(["%s"] * len(fields))
+    table, pk = connection.ops.quote_name(meta.db_table), connection.ops.quote_name(meta.pk.column)
+    return f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) RETURNING {pk}", fields  # noqa: S608

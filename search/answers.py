@@ -1,0 +1,520 @@
+"""Answers: a question, the retrieved chunks, a routed generation, the stored cited answer.
+
+``answer_create`` is the one entry point (UI, REST API, OpenAI-compatible endpoint):
+
+1. validates the question and the collections (``AnswerError`` names the field);
+2. stores the ``Answer`` (``queued``) and asks the router for a route and canary arm
+   (``inference.router.plan``, request id = the answer's id);
+3. retrieves with ``chunk_search`` (hybrid) and builds the prompt within the serving
+   provider's context window (``search.prompting``);
+4. submits the generation (``inference.router.submit``, queue ``gpu`` or ``remote``) with
+   ``search.tasks.answer_finalize`` linked to it, and returns the answer (``generating``).
+
+The tokens stream into ``gen:<answer id>`` (``answer_stream_read``). When the generation
+ends, ``answer_finalize`` (queue ``default``) stores the text, its citations (each ``[n]``
+mapped to the source's chunk and document; a number the prompt did not give is dropped and
+counted), the generation stats and the timings, and marks the answer ``done`` or
+``failed`` with the reason.
+
+Without a configured route (``NoRouteConfigured``) the answer is extractive: the best
+sentences of the top chunks, each with its ``[n]``, written to the same stream (deltas,
+then ``stats``) and stored ``done`` at once with ``mode = extractive``. A named route that
+does not exist (``RouteNotFound``) or cannot serve now (``RouteUnavailable``) fails the
+answer with the reason and propagates, for the API to answer 400 or 503.
+
+When one source alone is larger than the window, the answer is built by map-reduce (see
+``search.prompting``): the map requests are submitted in parallel, each linked to
+``search.tasks.answer_map_collect``; the last one in submits the reduce request under the
+answer's own id, linked to ``answer_finalize`` as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+
+import redis
+from celery import signature
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from inference import router
+from inference.models import Route
+from inference.streams import TERMINAL, StreamWriter, stream_key, stream_read
+from search import prompting
+from search.extractive import extractive_answer
+from search.models import Answer, Collection, Workspace
+from search.selectors import SearchError, chunk_search
+
+logger = logging.getLogger(__name__)
+
+QUESTION_MAX_CHARS = 4000
+TOP_K_MAX = 50
+# How long a finalize waits, polling the stream, for a generation whose result it did not
+# receive (handed over to another queue): past this, the answer fails.
+FINALIZE_WATCH_SECONDS = 3600
+FINALIZE_WATCH_INTERVAL_S = 2.0
+
+
+class AnswerError(ValueError):
+    """A request that cannot be answered as asked; ``field`` names the culprit."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+# --------------------------------------------------------------------------- create
+
+
+def answer_create(
+    *,
+    workspace: Workspace,
+    question: str,
+    collections: Iterable[Collection | int] | None = None,
+    asker=None,
+    client_id: str = "",
+    route_name: str | None = None,
+    top_k: int = 8,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+) -> Answer:
+    """Answer ``question`` from ``collections`` (default: all of the workspace's); see the module docstring.
+
+    ``client_id``: whose canary arm applies (an API key's id); defaults to the asker's id.
+    Returns the stored answer: ``generating`` (follow ``answer_stream_read``), or ``done``
+    when extractive. Raises ``AnswerError``, ``RouteNotFound`` or ``RouteUnavailable``.
+    """
+    question = (question or "").strip()
+    if not question:
+        raise AnswerError("question", "the question is empty")
+    if len(question) > QUESTION_MAX_CHARS:
+        raise AnswerError(
+            "question", f"the question is {len(question)} characters long, over the limit of {QUESTION_MAX_CHARS}"
+        )
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= TOP_K_MAX:
+        raise AnswerError("top_k", f"top_k must be an integer from 1 to {TOP_K_MAX}, got {top_k!r}")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise AnswerError("max_tokens", f"max_tokens must be a positive integer, got {max_tokens!r}")
+    if temperature is not None and not (isinstance(temperature, int | float) and temperature >= 0):
+        raise AnswerError("temperature", f"temperature must be a number >= 0, got {temperature!r}")
+    chosen = _collections_resolve(workspace, collections)
+    client_id = (client_id or (str(asker.pk) if asker is not None else ""))[:100]
+
+    started = time.perf_counter()
+    answer = Answer.objects.create(workspace=workspace, asker=asker, client_id=client_id, question=question)
+    answer.collections.set(chosen)
+    try:
+        return _answer_run(answer, chosen, route_name, top_k, max_tokens, temperature, started)
+    except Exception as exc:
+        answer_fail(answer.pk, _reason(exc))
+        raise
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, AnswerError | router.RouteNotFound | router.RouteUnavailable):
+        return str(exc)
+    return f"the answer could not be started: {type(exc).__name__}: {exc}"
+
+
+def _collections_resolve(workspace: Workspace, collections) -> list[Collection]:
+    if collections is None:
+        return list(Collection.objects.filter(workspace=workspace).order_by("pk"))
+    ids = []
+    for item in collections:
+        if isinstance(item, Collection):
+            ids.append(item.pk)
+        else:
+            try:
+                ids.append(int(item))
+            except (TypeError, ValueError):
+                raise AnswerError("collections", f"{item!r} is not a collection id") from None
+    if not ids:
+        raise AnswerError("collections", "choose at least one collection, or leave collections out to search all")
+    found = list(Collection.objects.filter(workspace=workspace, pk__in=ids).order_by("pk"))
+    missing = sorted(set(ids) - {collection.pk for collection in found})
+    if missing:
+        raise AnswerError(
+            "collections",
+            f"no collection with id {', '.join(map(str, missing))} in workspace {workspace.slug!r}",
+        )
+    return found
+
+
+def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature, started) -> Answer:
+    try:
+        plan = router.plan(route_name=route_name, client_id=answer.client_id, request_id=str(answer.id))
+    except router.NoRouteConfigured:
+        plan = None
+
+    retrieve_started = time.perf_counter()
+    try:
+        result = chunk_search(
+            query=answer.question,
+            workspace=answer.workspace,
+            collection_ids=[collection.pk for collection in collections],
+            mode="hybrid",
+            top_k=top_k,
+            snippets=False,
+        )
+    except SearchError as exc:
+        raise AnswerError("collections", str(exc)) from None
+    sources = prompting.sources_from_hits(result.hits)
+    answer.timings = {"retrieve_ms": _ms_since(retrieve_started)}
+
+    if plan is None:
+        first = collections[0] if collections else None
+        return _answer_extractive(answer, sources, first, started)
+
+    prompt_started = time.perf_counter()
+    try:
+        budget = prompting.budget_for(plan.route, max_tokens=max_tokens)
+        prompt = prompting.prompt_plan(answer.question, sources, budget, plan.route.system_prompt)
+    except prompting.PromptTooLong as exc:
+        raise AnswerError(exc.field, str(exc)) from None
+    answer.timings["prompt_ms"] = _ms_since(prompt_started)
+    answer.sources = [source.as_record() for source in prompt.sources]
+    answer.route, answer.release, answer.arm = plan.route, plan.release, plan.arm
+    answer.mode, answer.status = Answer.Mode.GENERATED, Answer.Status.GENERATING
+    answer.stats = {"context": prompt.context_record()}
+    common = {
+        "temperature": temperature,
+        "workspace_id": answer.workspace_id,
+        "user_id": answer.asker_id,
+    }
+    if prompt.strategy == "single":
+        [request] = prompt.requests
+        answer.timings["submit_ms"] = _ms_since(started)
+        answer.save()
+        router.submit(
+            plan,
+            messages=request.messages,
+            max_tokens=request.max_tokens,
+            link=signature("search.tasks.answer_finalize", args=(str(answer.id),)),
+            link_error=signature("search.tasks.answer_generation_lost", args=(str(answer.id),)),
+            **common,
+        )
+        return answer
+
+    maps = [
+        {"request_id": str(uuid.uuid4()), "sources": request.source_numbers, "status": "pending"}
+        for request in prompt.requests
+    ]
+    answer.stats["map_reduce"] = {
+        "requested_route_id": plan.requested_route.id,
+        "max_tokens": budget.max_tokens,
+        "temperature": temperature,
+        "maps": maps,
+    }
+    answer.save()
+    for index, (request, entry) in enumerate(zip(prompt.requests, maps, strict=True)):
+        router.submit(
+            replace(plan, request_id=entry["request_id"]),
+            messages=request.messages,
+            max_tokens=request.max_tokens,
+            link=signature("search.tasks.answer_map_collect", args=(str(answer.id), index)),
+            **common,
+        )
+    return answer
+
+
+def _answer_extractive(answer: Answer, sources, collection: Collection | None, started: float) -> Answer:
+    """The searched collections share one embedding model and one text-search language
+    (``chunk_search`` refuses them otherwise): the first one's serve for all."""
+    extract_started = time.perf_counter()
+    extractive = extractive_answer(
+        answer.question,
+        sources,
+        embedding_model=collection.embedding_model if collection else None,
+        text_search_config=collection.text_search_config if collection else None,
+    )
+    by_number = {source.number: source for source in sources}
+    cited = []
+    for extract in extractive.extracts:
+        if extract.number not in {c["number"] for c in cited}:
+            record = by_number[extract.number].as_record()
+            cited.append({key: record[key] for key in _CITATION_KEYS})
+    answer.mode, answer.status = Answer.Mode.EXTRACTIVE, Answer.Status.DONE
+    answer.sources = [source.as_record() for source in sources]
+    answer.text = extractive.text
+    answer.citations = cited
+    answer.dropped_citations = 0
+    answer.timings["prompt_ms"] = _ms_since(extract_started)
+    answer.timings["total_ms"] = _ms_since(started)
+    answer.stats = {
+        "mode": Answer.Mode.EXTRACTIVE.value,
+        "sentences": len(extractive.extracts),
+        "scores": [extract.score for extract in extractive.extracts],
+    }
+    answer.finished_at = timezone.now()
+    answer.save()
+    # The same protocol as a generation: deltas (one per line), then stats.
+    try:
+        writer = StreamWriter(str(answer.id))
+        lines = extractive.text.split("\n")
+        for index, line in enumerate(lines):
+            writer.write("delta", text=line if index == len(lines) - 1 else line + "\n")
+        writer.write("stats", **answer.stats)
+    except redis.RedisError as exc:  # the stored answer stands; readers fall back to it
+        logger.warning("extractive answer %s not streamed: %s", answer.id, exc)
+    return answer
+
+
+_CITATION_KEYS = ("number", "chunk_id", "document_id", "title", "start_offset", "end_offset")
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 2)
+
+
+# --------------------------------------------------------------------------- end of generation
+
+
+def answer_fail(answer_id, reason: str, *, end_stream: bool = False) -> None:
+    """Mark an unfinished answer failed. ``end_stream``: also end its (empty) stream with an
+    ``error`` event, for readers already waiting (no generation will write to it)."""
+    Answer.objects.filter(pk=answer_id).exclude(status__in=[Answer.Status.DONE, Answer.Status.FAILED]).update(
+        status=Answer.Status.FAILED, error=reason, finished_at=timezone.now()
+    )
+    if end_stream:
+        writer = StreamWriter(str(answer_id))
+        if writer.history()[1] not in TERMINAL:
+            writer.write("error", field=None, kind="answer_failed", message=reason)
+
+
+def _result_of(result, request_id: str) -> dict | None:
+    """``{text, stats, error}`` of a finished generation: from the task's result
+    (``Outcome.result``), else from its stream; None while it has not ended."""
+    if isinstance(result, dict) and result.get("status") in ("ok", "error") and "text" in result:
+        return {
+            "text": result.get("text") or "",
+            "stats": result.get("stats") or {},
+            "error": result.get("error") if result.get("status") == "error" else None,
+            "route": result.get("route"),
+            "provider": result.get("provider"),
+            "attempts": result.get("attempts"),
+        }
+    # A redelivered task ("skipped" / "interrupted"), a handover, anything else: the stream
+    # is the record of what the reader saw.
+    return _result_from_stream(request_id)
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30, socket_connect_timeout=5)
+
+
+def _result_from_stream(request_id: str) -> dict | None:
+    events = _redis().xrange(stream_key(request_id))
+    text, stats, error = [], None, None
+    for _, fields in events:
+        kind = fields[b"type"].decode()
+        data = _json(fields[b"data"])
+        if kind == "delta":
+            text.append(data.get("text", ""))
+        elif kind == "stats":
+            stats = data
+        elif kind == "error":
+            error = data
+    if stats is None and error is None:
+        return None
+    return {"text": "".join(text), "stats": stats or {}, "error": error}
+
+
+def _json(raw: bytes) -> dict:
+    import json
+
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _stream_times(request_id: str) -> tuple[float | None, float | None]:
+    """Unix ms of the stream's first ``delta`` and of its last event (Redis stream ids are
+    the server's clock in ms)."""
+    client = _redis()
+    key = stream_key(request_id)
+    first_delta = None
+    for event_id, fields in client.xrange(key, count=50):
+        if fields[b"type"] == b"delta":
+            first_delta = float(event_id.split(b"-")[0])
+            break
+    last = client.xrevrange(key, count=1)
+    return first_delta, (float(last[0][0].split(b"-")[0]) if last else None)
+
+
+def answer_finalize(*, answer_id, result) -> tuple[Answer | None, bool]:
+    """Store the end of an answer's generation. Returns ``(answer, waiting)``: ``waiting``
+    when the generation has not ended yet (its result went to another queue's task) and
+    the caller should look again later. Idempotent: a finished answer is left as it is."""
+    with transaction.atomic():
+        answer = Answer.objects.select_for_update().filter(pk=answer_id).first()
+        if answer is None or answer.status in (Answer.Status.DONE, Answer.Status.FAILED):
+            return answer, False
+        outcome = _result_of(result, str(answer.id))
+        if outcome is None:
+            age = (timezone.now() - answer.created_at).total_seconds()
+            if age < FINALIZE_WATCH_SECONDS:
+                return answer, True
+            outcome = {"text": "", "stats": {}, "error": {"message": "the generation never ended"}}
+        error = outcome["error"]
+        answer.text = outcome["text"]
+        answer.citations, answer.dropped_citations = prompting.citations_resolve(answer.text, answer.sources)
+        kept = {key: answer.stats[key] for key in ("context", "map_reduce") if key in answer.stats}
+        extra = {key: outcome.get(key) for key in ("route", "provider", "attempts") if outcome.get(key) is not None}
+        answer.stats = {**(outcome["stats"] or {}), **extra, **kept}
+        if error:
+            answer.stats["error"] = error
+        answer.status = Answer.Status.FAILED if error else Answer.Status.DONE
+        answer.error = _error_text(error) if error else ""
+        answer.timings = {**answer.timings, **_timings(answer)}
+        answer.finished_at = timezone.now()
+        answer.save()
+        return answer, False
+
+
+def _error_text(error: dict) -> str:
+    message = str(error.get("message") or "the generation failed")
+    kind = error.get("kind")
+    return f"{message} ({kind})" if kind and kind not in message else message
+
+
+def _timings(answer: Answer) -> dict:
+    """ttft_ms and total_ms from the question to the first token and to the stream's end;
+    queue_ms: from submission until the worker began (the first token minus the
+    generation's own time to first token). Web host and Redis clocks are assumed in sync."""
+    created_ms = answer.created_at.timestamp() * 1000
+    first_delta, last = _stream_times(str(answer.id))
+    timings = {"total_ms": round((last if last is not None else time.time() * 1000) - created_ms, 2)}
+    if first_delta is not None:
+        timings["ttft_ms"] = round(first_delta - created_ms, 2)
+        generation_ttft = answer.stats.get("time_to_first_token_ms")
+        submitted = answer.timings.get("submit_ms")
+        if generation_ttft is not None and submitted is not None and "map_reduce" not in answer.stats:
+            timings["queue_ms"] = round(max(0.0, timings["ttft_ms"] - submitted - generation_ttft), 2)
+    return timings
+
+
+# --------------------------------------------------------------------------- map-reduce
+
+
+def answer_map_collect(*, answer_id, index: int, result) -> bool:
+    """Store one map request's notes; the last one in submits the reduce request.
+    Returns False while that map's generation has not ended (the caller looks again)."""
+    submit = None
+    with transaction.atomic():
+        locked = Answer.objects.select_for_update(of=("self",)).select_related("route__provider")
+        answer = locked.filter(pk=answer_id).first()
+        if answer is None or answer.status in (Answer.Status.DONE, Answer.Status.FAILED):
+            return True
+        state = answer.stats["map_reduce"]
+        entry = state["maps"][index]
+        if entry["status"] != "pending":
+            return True
+        outcome = _result_of(result, entry["request_id"])
+        if outcome is None:
+            if (timezone.now() - answer.created_at).total_seconds() < FINALIZE_WATCH_SECONDS:
+                return False
+            outcome = {"text": "", "stats": {}, "error": {"message": "the map request never ended"}}
+        if outcome["error"]:
+            entry.update(status="error", error=_error_text(outcome["error"]))
+        else:
+            entry.update(status="ok", note=outcome["text"], tokens=(outcome["stats"] or {}).get("completion_tokens"))
+        if any(item["status"] == "pending" for item in state["maps"]):
+            answer.save(update_fields=["stats"])
+            return True
+        notes = [item["note"] for item in state["maps"] if item["status"] == "ok"]
+        failure = None
+        if not notes:
+            failure = "every map request of the map-reduce failed: " + state["maps"][0].get("error", "")
+        elif answer.route is None:
+            failure = "the route of this answer was deleted before its final request"
+        if failure:
+            answer.save(update_fields=["stats"])
+        else:
+            sources = [
+                prompting.Source(
+                    number=record["number"],
+                    chunk_id=record["chunk_id"],
+                    document_id=record["document_id"],
+                    title=record.get("title", ""),
+                    text="",
+                    start_offset=record.get("start_offset") or 0,
+                    end_offset=record.get("end_offset") or 0,
+                    score=record.get("score", 0.0),
+                )
+                for record in answer.sources
+            ]
+            try:
+                budget = prompting.budget_for(answer.route, max_tokens=state["max_tokens"])
+                request, dropped = prompting.reduce_request(
+                    answer.question, notes, sources, budget, answer.route.system_prompt
+                )
+            except prompting.PromptTooLong as exc:
+                failure = str(exc)
+                answer.save(update_fields=["stats"])
+            else:
+                state["reduce"] = {"prompt_tokens": request.prompt_tokens, "notes_dropped": dropped}
+                answer.timings["submit_ms"] = round((timezone.now() - answer.created_at).total_seconds() * 1000, 2)
+                answer.save(update_fields=["stats", "timings"])
+                requested = Route.objects.filter(pk=state.get("requested_route_id")).first() or answer.route
+                plan = router.Plan(
+                    request_id=str(answer.id),
+                    route=answer.route,
+                    requested_route=requested,
+                    release=answer.release,
+                    arm=answer.arm,
+                )
+
+                def submit():
+                    router.submit(
+                        plan,
+                        messages=request.messages,
+                        max_tokens=request.max_tokens,
+                        temperature=state.get("temperature"),
+                        workspace_id=answer.workspace_id,
+                        user_id=answer.asker_id,
+                        link=signature("search.tasks.answer_finalize", args=(str(answer.id),)),
+                        link_error=signature("search.tasks.answer_generation_lost", args=(str(answer.id),)),
+                    )
+
+    if failure:
+        answer_fail(answer.pk, failure, end_stream=True)
+    elif submit is not None:
+        try:
+            submit()
+        except Exception as exc:  # RouteUnavailable (every key cooling down), a broker outage
+            logger.warning("answer %s: the reduce request was not sent", answer.pk, exc_info=True)
+            answer_fail(answer.pk, f"the final request could not be sent: {_reason(exc)}", end_stream=True)
+    return True
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def answer_stream_read(answer: Answer, *, after: str = "0", block_ms: int = 15000) -> Iterator[tuple[str, str, dict]]:
+    """The answer's events for a reader (the UI serves them as Server-Sent Events):
+    ``(event_id, type, data)`` from ``after`` on, ``delta`` {text} ... then ``stats`` or
+    ``error`` (a ``retry`` event may come in between: skip it). Pass the last id seen to
+    resume. An answer whose stream has expired (an hour after its end) or never started (it
+    failed before generation) is replayed from the stored answer as ids ``0-1``, ``0-2``.
+    Raises ``TimeoutError`` when nothing arrives for ``block_ms`` (a map-reduce answer
+    writes nothing until its final request starts): reconnect with the last id.
+    """
+    length, _ = StreamWriter(str(answer.id)).history()
+    if length == 0:
+        answer.refresh_from_db(fields=["status", "text", "stats", "error"])
+        if answer.status in (Answer.Status.DONE, Answer.Status.FAILED):
+            if after < "0-1" and answer.text:
+                yield "0-1", "delta", {"text": answer.text}
+            if answer.status == Answer.Status.DONE:
+                yield "0-2", "stats", dict(answer.stats)
+            else:
+                yield "0-2", "error", {"field": None, "kind": "answer_failed", "message": answer.error}
+            return
+    yield from stream_read(str(answer.id), after=after, block_ms=block_ms)

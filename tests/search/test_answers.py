@@ -1,0 +1,569 @@
+"""Answers end to end: retrieval, the prompt, a real generation worker, the stream, the stored answer.
+
+Real PostgreSQL + pgvector, Redis and Celery worker processes (``gpu`` for the local engine
+with a tiny model, ``remote`` against the OpenAI-protocol stand-in, ``default`` for the
+finalize task). The stand-in replies exactly the text of a ``REPLY:`` line in the last user
+message; the question is the last thing in it, so a question can carry the reply.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from billing.models import UsageRecord
+from inference.models import Provider, Route, UpstreamKey
+from inference.router import RouteNotFound, RouteUnavailable
+from inference.streams import StreamWriter, stream_read
+from search import answers
+from search.answers import AnswerError, answer_create, answer_stream_read
+from search.extractive import LEAD
+from search.ingest import pipeline
+from search.models import Answer, Chunk, Collection, Document
+from search.prompting import RemoteEstimate, Source, answer_messages, budget_for
+from search.selectors import chunk_search
+from search.services import collection_create, document_create, workspace_create
+from tests.conftest import celery_worker
+from tests.inference.tiny_models import tiny_llama, tiny_tokenizer
+from tests.upstream_server import upstream_log
+
+DOCUMENTS = {
+    "wing.md": "# Wing aerodynamics\n\nLift rises with the angle of attack until the wing stalls. "
+    "The propeller slipstream increases the lift of the wing.",
+    "heat.md": "# Heat transfer\n\nHeat flux at the nose of a blunt body is given by the stagnation point formula. "
+    "The boundary layer thickens downstream of the nose.",
+    "robot.md": "# Atlas-7 robot\n\nThe Atlas-7 warehouse robot runs for 10 hours on one battery charge. "
+    "Charging takes 90 minutes.",
+}
+CITED = "Lift rises with angle of attack [1]. Heat flux is given in [2][9]."
+
+
+def ingest(collection, documents: dict[str, str]) -> None:
+    ids = [
+        document_create(collection=collection, source_name=name, content=text.encode(), enqueue=False)[0].pk
+        for name, text in documents.items()
+    ]
+    pipeline.documents_ingest(document_ids=ids)
+
+
+@pytest.fixture
+def corpus(db):
+    workspace = workspace_create(name="Acme", slug="acme")
+    collection = collection_create(workspace=workspace, name="Handbook")
+    # Another tenant's collection, created before any chunk is written in this transaction
+    # (a vector index cannot be created while the chunk table has pending trigger events).
+    collection_create(workspace=workspace_create(name="Other", slug="other"), name="Theirs")
+    ingest(collection, DOCUMENTS)
+    return workspace, collection
+
+
+@pytest.fixture
+def asker(db):
+    return get_user_model().objects.create_user("ann")
+
+
+def wait_for_answer(answer_id, timeout: float = 60) -> Answer:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answer = Answer.objects.get(pk=answer_id)
+        if answer.status in (Answer.Status.DONE, Answer.Status.FAILED):
+            return answer
+        time.sleep(0.1)
+    raise AssertionError(f"answer {answer_id} not finalized: {Answer.objects.get(pk=answer_id).status}")
+
+
+def read_stream(answer: Answer, timeout: float = 120) -> list[tuple[str, str, dict]]:
+    """The answer's events to the end, reconnecting from the last id seen as a browser would
+    (each wait is kept under the Redis client's 30 s socket timeout)."""
+    events: list[tuple[str, str, dict]] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            for event in answer_stream_read(answer, after=events[-1][0] if events else "0", block_ms=10000):
+                events.append(event)
+            return events
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise
+
+
+def deltas(events) -> str:
+    return "".join(data["text"] for _, kind, data in events if kind == "delta")
+
+
+def hits_for(workspace, question: str, top_k: int = 8):
+    return chunk_search(query=question, workspace=workspace, top_k=top_k, snippets=False).hits
+
+
+def remote_provider(upstream_server, *, window: int = 4096, max_tokens: int = 64) -> tuple[Route, str]:
+    api_key = f"sk-answers-{uuid.uuid4().hex}"
+    provider = Provider.objects.create(
+        name=f"stand-in-{uuid.uuid4().hex[:6]}",
+        kind=Provider.Kind.OPENAI_COMPATIBLE,
+        base_url=upstream_server,
+        model="stand-in-7b",
+        context_window=window,
+        first_token_timeout_s=20,
+        total_timeout_s=60,
+    )
+    key = UpstreamKey(provider=provider, label="main")
+    key.set_secret(api_key)
+    key.save()
+    route = Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=max_tokens)
+    return route, api_key
+
+
+# --------------------------------------------------------------------------- validation and errors
+
+
+def test_a_bad_request_is_refused_naming_the_field_and_stores_nothing(corpus):
+    workspace, collection = corpus
+    other = Collection.objects.get(workspace__slug="other")
+    cases = [
+        ({"question": "   "}, "question", "the question is empty"),
+        ({"question": "x" * 4001}, "question", "4001 characters long, over the limit of 4000"),
+        ({"question": "lift?", "collections": [other]}, "collections", f"no collection with id {other.pk} in"),
+        ({"question": "lift?", "collections": [collection.pk, 10**9]}, "collections", f"id {10**9} in workspace"),
+        ({"question": "lift?", "collections": []}, "collections", "choose at least one collection"),
+        ({"question": "lift?", "top_k": 0}, "top_k", "from 1 to 50"),
+        ({"question": "lift?", "max_tokens": 0}, "max_tokens", "positive integer"),
+    ]
+    for kwargs, field, message in cases:
+        with pytest.raises(AnswerError) as caught:
+            answer_create(workspace=workspace, **kwargs)
+        assert caught.value.field == field
+        assert message in str(caught.value)
+    assert Answer.objects.count() == 0
+
+
+def test_an_unknown_route_fails_the_answer_with_the_reason(corpus, upstream_server):
+    workspace, _ = corpus
+    remote_provider(upstream_server)
+    with pytest.raises(RouteNotFound) as caught:
+        answer_create(workspace=workspace, question="How does lift change?", route_name="fast")
+    assert caught.value.field == "route"
+    answer = Answer.objects.get()
+    assert answer.status == Answer.Status.FAILED
+    assert answer.error == str(caught.value) == "no enabled route named 'fast' (enabled routes: default)"
+    assert answer.finished_at is not None
+    # A reader of the stream gets the failure from the stored answer.
+    assert read_stream(answer) == [("0-2", "error", {"field": None, "kind": "answer_failed", "message": answer.error})]
+
+
+def test_a_route_without_usable_keys_fails_the_answer_as_unavailable(corpus, upstream_server):
+    workspace, _ = corpus
+    route, _ = remote_provider(upstream_server)
+    UpstreamKey.objects.filter(provider=route.provider).update(status="disabled", disabled_reason="revoked")
+    with pytest.raises(RouteUnavailable) as caught:
+        answer_create(workspace=workspace, question="How does lift change?")
+    answer = Answer.objects.get()
+    assert answer.status == Answer.Status.FAILED
+    assert answer.error == str(caught.value)
+    assert answer.route == route  # how far it got
+
+
+def test_a_question_that_cannot_fit_the_window_fails_naming_the_question(corpus, upstream_server):
+    workspace, _ = corpus
+    remote_provider(upstream_server, window=300, max_tokens=32)
+    with pytest.raises(AnswerError) as caught:
+        answer_create(workspace=workspace, question="Why does the lift of the wing rise? " * 30)
+    assert caught.value.field == "question"
+    assert "ask a shorter question" in str(caught.value)
+    assert Answer.objects.get().status == Answer.Status.FAILED
+
+
+def test_the_answer_tasks_run_on_the_default_queue_and_ingestion_stays_on_ingest():
+    from ragsite.celery import app
+
+    def queue(name: str) -> str:
+        return app.amqp.router.route({}, name)["queue"].name
+
+    assert queue("search.tasks.answer_finalize") == queue("search.tasks.answer_map_collect") == "default"
+    assert queue("search.tasks.document_ingest") == "ingest"
+
+
+# --------------------------------------------------------------------------- finalize
+
+
+def pending_answer(workspace) -> Answer:
+    source = {"number": 1, "chunk_id": 5, "document_id": 6, "title": "T", "start_offset": 0, "end_offset": 9}
+    return Answer.objects.create(
+        workspace=workspace,
+        question="q",
+        status=Answer.Status.GENERATING,
+        sources=[{**source, "score": 1.0}],
+        stats={"context": {"strategy": "single"}},
+        timings={"retrieve_ms": 1.0, "submit_ms": 2.0},
+    )
+
+
+def test_finalize_stores_the_result_once_and_reads_the_stream_when_the_result_is_not_the_end(corpus):
+    workspace, _ = corpus
+    answer = pending_answer(workspace)
+    # The generation went on on another queue: nothing to store yet, look again later.
+    assert answers.answer_finalize(answer_id=answer.pk, result={"status": "handed_over"})[1] is True
+    assert Answer.objects.get(pk=answer.pk).status == Answer.Status.GENERATING
+    writer = StreamWriter(str(answer.id))
+    writer.write("delta", text="Yes [1]")
+    writer.write("retry", attempt=1, kind="timeout")
+    writer.write("delta", text=" and [3].")
+    writer.write("stats", completion_tokens=3, time_to_first_token_ms=1.5)
+
+    stored, waiting = answers.answer_finalize(answer_id=answer.pk, result={"skipped": "already finished"})
+    assert not waiting
+    assert (stored.status, stored.text, stored.error) == ("done", "Yes [1] and [3].", "")
+    assert stored.citations == [
+        {"number": 1, "chunk_id": 5, "document_id": 6, "title": "T", "start_offset": 0, "end_offset": 9}
+    ]
+    assert stored.dropped_citations == 1
+    assert stored.stats == {"completion_tokens": 3, "time_to_first_token_ms": 1.5, "context": {"strategy": "single"}}
+    assert {"retrieve_ms", "submit_ms", "ttft_ms", "queue_ms", "total_ms"} == set(stored.timings)
+    assert stored.finished_at is not None
+    # A second result (a redelivered message) changes nothing.
+    again, _ = answers.answer_finalize(
+        answer_id=answer.pk, result={"status": "error", "text": "", "error": {"message": "late"}}
+    )
+    assert (again.status, again.text) == ("done", "Yes [1] and [3].")
+
+
+def test_finalize_fails_the_answer_with_the_generations_error_and_keeps_the_partial_text(corpus):
+    workspace, _ = corpus
+    answer = pending_answer(workspace)
+    error = {"field": None, "kind": "broken_stream", "message": "the stream from host broke after 2 tokens"}
+    stored, _ = answers.answer_finalize(
+        answer_id=answer.pk,
+        result={"status": "error", "text": "Half [1]", "stats": {}, "error": error, "route": "default", "attempts": 1},
+    )
+    assert stored.status == Answer.Status.FAILED
+    assert stored.error == "the stream from host broke after 2 tokens (broken_stream)"
+    assert stored.text == "Half [1]" and [c["number"] for c in stored.citations] == [1]
+    assert stored.stats["error"] == error and stored.stats["route"] == "default"
+    assert answers.answer_finalize(answer_id=uuid.uuid4(), result={}) == (None, False)
+
+
+# --------------------------------------------------------------------------- extractive
+
+
+def test_without_a_route_the_answer_is_extractive_streamed_and_done_at_once(corpus, asker):
+    workspace, collection = corpus
+    question = "How long does charging take?"
+    answer = answer_create(workspace=workspace, question=question, asker=asker)
+
+    assert answer.mode == Answer.Mode.EXTRACTIVE
+    assert answer.status == Answer.Status.DONE
+    assert answer.finished_at is not None and answer.error == ""
+    assert answer.client_id == str(asker.pk)
+    assert list(answer.collections.all()) == [collection]
+    hits = hits_for(workspace, question)
+    assert [(s["number"], s["chunk_id"], s["document_id"]) for s in answer.sources] == [
+        (number, hit.chunk_id, hit.document_id) for number, hit in enumerate(hits, start=1)
+    ]
+    lines = answer.text.split("\n")
+    assert lines[:2] == [LEAD, ""]
+    robot_id = Document.objects.get(source_name="robot.md").pk
+    robot = next(s["number"] for s in answer.sources if s["document_id"] == robot_id)
+    assert lines[2] == f"- Charging takes 90 minutes. [{robot}]"
+    texts = {s["number"]: Chunk.objects.get(pk=s["chunk_id"]).text for s in answer.sources}
+    for line in lines[2:]:
+        sentence, _, marker = line.removeprefix("- ").rpartition(" [")
+        number = int(marker.rstrip("]"))
+        assert sentence in texts[number]  # quoted verbatim from the source it cites
+    assert [c["number"] for c in answer.citations] == list(
+        dict.fromkeys(int(line.rpartition("[")[2].rstrip("]")) for line in lines[2:])
+    )
+    for citation in answer.citations:
+        source = answer.sources[citation["number"] - 1]
+        assert (citation["chunk_id"], citation["document_id"]) == (source["chunk_id"], source["document_id"])
+    assert answer.dropped_citations == 0
+    assert set(answer.timings) == {"retrieve_ms", "prompt_ms", "total_ms"}
+
+    events = read_stream(answer)
+    assert [kind for _, kind, _ in events] == ["delta"] * len(lines) + ["stats"]
+    assert deltas(events) == answer.text
+    assert events[-1][2] == answer.stats
+    assert answer.stats["mode"] == "extractive" and answer.stats["sentences"] == len(lines) - 2
+
+
+def test_an_extractive_answer_over_no_documents_says_so(db):
+    workspace = workspace_create(name="Empty", slug="empty")
+    answer = answer_create(workspace=workspace, question="Anything?")
+    assert (answer.mode, answer.status, answer.sources, answer.citations) == ("extractive", "done", [], [])
+    assert answer.text == "The searched collections hold no passage that matches the question."
+
+
+# --------------------------------------------------------------------------- with workers
+
+
+@pytest.fixture(scope="module")
+def workers(django_db_setup, django_db_blocker, tmp_path_factory):
+    """One worker per queue an answer uses, shared by the module's end-to-end tests:
+    ``remote`` (threads), ``gpu`` and ``default`` (finalize)."""
+    path = tmp_path_factory.mktemp("answer-workers")
+    with django_db_blocker.unblock():
+        with (
+            celery_worker(["remote"], path, pool="threads", concurrency=4) as remote,
+            celery_worker(["gpu"], path) as gpu,
+            celery_worker(["default"], path) as default,
+        ):
+            yield {"remote": remote, "gpu": gpu, "default": default}
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama-answers")
+    tiny_llama(1).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_end_to_end_on_the_local_engine(workers, corpus, asker, tiny_model_dir):
+    workspace, _ = corpus
+    provider = Provider.objects.create(
+        name="pool",
+        kind=Provider.Kind.LOCAL,
+        model=tiny_model_dir,
+        context_window=512,
+        speculative_method=Provider.Speculative.NGRAM,
+        speculative_k=4,
+    )
+    route = Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=16)
+    question = "the wing lift and the heat flux"
+
+    answer = answer_create(workspace=workspace, question=question, asker=asker)
+    assert (answer.status, answer.mode, answer.route, answer.arm) == ("generating", "generated", route, "")
+    events = read_stream(answer)
+    stored = wait_for_answer(answer.pk)
+
+    assert [kind for _, kind, _ in events][-1] == "stats", events[-1]
+    assert stored.status == Answer.Status.DONE, stored.error
+    assert stored.text == deltas(events) != ""
+    hits = hits_for(workspace, question)
+    assert [(s["number"], s["chunk_id"], s["document_id"]) for s in stored.sources] == [
+        (number, hit.chunk_id, hit.document_id) for number, hit in enumerate(hits, start=1)
+    ]
+    given = {s["chunk_id"] for s in stored.sources}
+    assert all(c["chunk_id"] in given for c in stored.citations)
+    # The prompt was counted with the model's own tokenizer: exactly what the engine prefilled.
+    context = stored.stats["context"]
+    assert context["counter"] == f"tokenizer:{tiny_model_dir}"
+    assert stored.stats["prompt_tokens"] == context["prompt_tokens"][0]
+    assert stored.stats["completion_tokens"] == 16
+    assert stored.stats["draft_tokens_proposed"] >= stored.stats["draft_tokens_accepted"] >= 0
+    assert {"retrieve_ms", "prompt_ms", "submit_ms", "ttft_ms", "total_ms"} <= set(stored.timings)
+    assert 0 < stored.timings["ttft_ms"] <= stored.timings["total_ms"]
+    record = UsageRecord.objects.get(request_id=answer.pk)
+    assert (record.status, record.workspace_id, record.user_id) == ("ok", workspace.pk, asker.pk)
+    assert record.route_id == route.pk
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_end_to_end_on_an_openai_compatible_upstream_with_citations(workers, corpus, asker, upstream_server):
+    workspace, _ = corpus
+    route, api_key = remote_provider(upstream_server, max_tokens=64)
+    question = f"How do lift and heat flux behave at the wing and the nose?\nREPLY: {CITED}"
+
+    answer = answer_create(workspace=workspace, question=question, asker=asker, client_id="key-7")
+    events = read_stream(answer)
+    stored = wait_for_answer(answer.pk)
+
+    assert stored.status == Answer.Status.DONE, stored.error
+    assert stored.text == deltas(events) == CITED
+    assert stored.client_id == "key-7"
+    hits = hits_for(workspace, question)
+    assert len(hits) == 3
+    assert [(s["number"], s["chunk_id"]) for s in stored.sources] == [(n, h.chunk_id) for n, h in enumerate(hits, 1)]
+    by_number = {s["number"]: s for s in stored.sources}
+    assert stored.citations == [
+        {
+            "number": n,
+            "chunk_id": by_number[n]["chunk_id"],
+            "document_id": by_number[n]["document_id"],
+            "title": by_number[n]["title"],
+            "start_offset": by_number[n]["start_offset"],
+            "end_offset": by_number[n]["end_offset"],
+        }
+        for n in (1, 2)
+    ]
+    assert stored.dropped_citations == 1  # [9]: the prompt gave three sources
+    assert stored.text == CITED  # the unknown marker stays in the text as written
+    # What the upstream received is the prompt built from those sources, under the budget.
+    [seen] = upstream_log(upstream_server, api_key)
+    sources = [
+        Source(s["number"], s["chunk_id"], s["document_id"], s["title"], Chunk.objects.get(pk=s["chunk_id"]).text,
+               s["start_offset"], s["end_offset"], s["score"])
+        for s in stored.sources
+    ]  # fmt: skip
+    messages = answer_messages(stored.question, sources)
+    assert seen["prompt_tokens"] == sum(len(m["content"].split()) for m in messages)
+    assert seen["max_tokens"] == 64 and seen["outcome"] == "ok"
+    assert stored.stats["context"]["prompt_tokens"] == [RemoteEstimate().messages(messages)]
+    assert stored.stats["completion_tokens"] == len(CITED.split())
+    assert stored.stats["provider"] == route.provider.name and stored.stats["attempts"] == 1
+    record = UsageRecord.objects.get(request_id=answer.pk)
+    assert (record.status, record.completion_tokens) == ("ok", len(CITED.split()))
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_generation_fails_the_answer_with_the_reason(workers, corpus, upstream_server):
+    from tests.upstream_server import upstream_script
+
+    workspace, _ = corpus
+    _, api_key = remote_provider(upstream_server)
+    upstream_script(upstream_server, api_key, [{"status": 400, "repeat": True}])
+    answer = answer_create(workspace=workspace, question="How does lift change?")
+    events = read_stream(answer)
+    stored = wait_for_answer(answer.pk)
+    assert events[-1][1] == "error"
+    assert stored.status == Answer.Status.FAILED
+    assert stored.error.startswith(events[-1][2]["message"])
+    assert stored.stats["error"]["kind"] == "bad_request"
+    assert stored.text == "" and stored.citations == []
+    assert UsageRecord.objects.get(request_id=answer.pk).status == "error"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_only_the_chunks_that_fit_a_small_window_are_sent(workers, db, upstream_server):
+    workspace = workspace_create(name="Small", slug="small")
+    collection = collection_create(workspace=workspace, name="Notes")
+    sentence = "The wing lift rises with the angle of attack at low speed. "
+    ingest(collection, {f"note{i}.md": f"# Note {i}\n\n" + sentence * (4 + 2 * i) for i in range(4)})
+    route, api_key = remote_provider(upstream_server, window=700, max_tokens=64)
+    question = "How does the wing lift rise?"
+
+    answer = answer_create(workspace=workspace, question=question)
+    read_stream(answer)
+    stored = wait_for_answer(answer.pk)
+
+    assert stored.status == Answer.Status.DONE, stored.error
+    context = stored.stats["context"]
+    hits = hits_for(workspace, question)
+    given = [s["chunk_id"] for s in stored.sources]
+    left_out = [item["chunk_id"] for item in context["left_out"]]
+    assert given and left_out
+    assert sorted(given + left_out) == sorted(h.chunk_id for h in hits)  # each retrieved chunk: given or left out
+    assert given == [h.chunk_id for h in hits if h.chunk_id in given]  # in rank order
+    budget = budget_for(route)
+    texts = {h.chunk_id: h for h in hits}
+
+    def as_source(number, chunk_id):
+        hit = texts[chunk_id]
+        return Source(number, chunk_id, hit.document_id, hit.document_title, hit.text, 0, 0, hit.score)
+
+    sent = [as_source(n, chunk_id) for n, chunk_id in enumerate(given, 1)]
+    counted = RemoteEstimate().messages(answer_messages(question, sent))
+    assert context["prompt_tokens"] == [counted]
+    assert counted <= budget.prompt_limit and counted + budget.max_tokens <= 700
+    for chunk_id in left_out:  # none of those left out would have fit beside the ones sent
+        with_it = answer_messages(question, [*sent, as_source(len(sent) + 1, chunk_id)])
+        assert RemoteEstimate().messages(with_it) > budget.prompt_limit
+    [seen] = upstream_log(upstream_server, api_key)
+    assert seen["prompt_tokens"] == sum(len(m["content"].split()) for m in answer_messages(question, sent))
+    assert seen["prompt_tokens"] + seen["max_tokens"] <= 700
+
+
+BIG = (
+    "Wing lift depends on the angle of attack and on the airspeed over the upper surface. "
+    "At small angles the lift coefficient grows almost linearly with the angle. "
+    "Near the critical angle the boundary layer separates from the upper surface and the wing stalls. "
+    "Flaps and slats raise the maximum lift coefficient for take-off and landing. "
+    "Vortex generators delay separation by mixing energetic air into the boundary layer. "
+    "Swept wings stall first at the tips unless washout or fences are used. "
+    "Ground effect reduces induced drag when the wing flies within one span of the ground. "
+    "Ice on the leading edge lowers the stall angle by several degrees. "
+    "The lift curve slope of a thin airfoil is two pi per radian in theory. "
+    "Real wings of finite span have a lower slope because of the downwash from the tip vortices. "
+)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_source_larger_than_the_window_is_answered_by_map_reduce(workers, db, upstream_server):
+    workspace = workspace_create(name="Big", slug="big")
+    collection = collection_create(workspace=workspace, name="Reports")
+    ingest(collection, {"lift.md": "# Lift report\n\n" + BIG, "robot.md": DOCUMENTS["robot.md"]})
+    route, api_key = remote_provider(upstream_server, window=512, max_tokens=64)
+    reply = "The wing stalls when the boundary layer separates near the critical angle [1]."
+    question = f"When does the wing stall and lose lift?\nREPLY: {reply}"
+
+    answer = answer_create(workspace=workspace, question=question)
+    context = answer.stats["context"]
+    assert context["strategy"] == "map_reduce"
+    maps = answer.stats["map_reduce"]["maps"]
+    assert len(maps) >= 2
+    events = read_stream(answer)
+    stored = wait_for_answer(answer.pk)
+
+    assert stored.status == Answer.Status.DONE, stored.error
+    assert stored.text == deltas(events) == reply
+    lift = next(s for s in stored.sources if s["title"] == "Lift report")
+    assert lift["number"] == 1
+    assert stored.citations == [
+        {
+            "number": 1,
+            "chunk_id": lift["chunk_id"],
+            "document_id": lift["document_id"],
+            "title": "Lift report",
+            "start_offset": lift["start_offset"],
+            "end_offset": lift["end_offset"],
+        }
+    ]
+    assert stored.dropped_citations == 0
+    state = stored.stats["map_reduce"]
+    assert [item["status"] for item in state["maps"]] == ["ok"] * len(maps)
+    assert all(item["note"] == reply for item in state["maps"])  # the stand-in says the same to every map
+    assert state["reduce"]["notes_dropped"] == 0
+    # The upstream saw the map requests (notes of note_tokens), then the reduce request.
+    seen = upstream_log(upstream_server, api_key)
+    assert [entry["max_tokens"] for entry in seen] == [context["note_tokens"]] * len(maps) + [64]
+    assert seen[-1]["time"] >= max(entry["finished"] for entry in seen[:-1])
+    for entry, tokens in zip(seen[:-1], context["prompt_tokens"], strict=True):
+        assert entry["prompt_tokens"] + entry["max_tokens"] <= 512  # never over the window
+        assert tokens + entry["max_tokens"] + budget_for(route).margin <= 512
+    assert seen[-1]["prompt_tokens"] + 64 <= 512
+    # Every request is on the ledger: the maps under their own ids, the reduce under the answer's.
+    assert set(UsageRecord.objects.values_list("request_id", flat=True)) == {
+        uuid.UUID(item["request_id"]) for item in maps
+    } | {answer.pk}
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_generation_whose_process_dies_fails_the_answer_and_is_still_billed(workers, corpus, tmp_path):
+    import os
+    import signal
+
+    from tests.inference.test_isolation import pool_processes
+
+    workspace, _ = corpus
+    model_dir = tmp_path / "tiny-llama-long"
+    tiny_llama(5, max_positions=8192).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    provider = Provider.objects.create(name="pool", kind=Provider.Kind.LOCAL, model=str(model_dir), context_window=8192)
+    Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=6000)
+
+    answer = answer_create(workspace=workspace, question="the wing lift and the heat flux")
+    events = stream_read(str(answer.pk), block_ms=60000)
+    seen = [next(events)]  # the first token: the generation runs in the gpu worker's pool process
+    [child] = pool_processes(workers["gpu"].name)
+    os.kill(child, signal.SIGKILL)
+    seen.extend(events)
+    stored = wait_for_answer(answer.pk)
+
+    streamed = [data["text"] for _, kind, data in seen if kind == "delta"]
+    assert seen[-1][1] == "error" and seen[-1][2]["kind"] == "worker_lost"
+    assert 1 <= len(streamed) < 6000
+    assert stored.status == Answer.Status.FAILED
+    assert "worker process running this request died" in stored.error
+    assert stored.text == "".join(streamed)
+    record = UsageRecord.objects.get(request_id=answer.pk)
+    assert (record.status, record.error_class) == ("error", "worker_lost")
+    assert record.completion_tokens == len(streamed)
+    assert record.route_name == "default" and record.provider_id == provider.pk
