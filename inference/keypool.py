@@ -217,8 +217,8 @@ def disabled_reason(provider_name: str, status: int | None, message: str) -> str
     what = f"HTTP {status}" if status else "refused"
     return (
         f"Disabled automatically: provider {provider_name} answered {what} for this key ({message}). "
-        "Check the key with the provider, replace it or fix its account, then set the status back to "
-        "active here; until then it is never used."
+        "Check the key with the provider, replace it or fix its account, then re-enable it here (the "
+        "'Re-enable' action of Upstream keys); until then it is never used."
     )
 
 
@@ -242,7 +242,7 @@ def report_failure(
             disabled_reason(provider_name, status, message)
             if kind == "unauthorized"
             else f"Disabled automatically: {message}. Enter the key again here, or configure the encryption key "
-            "it was stored with in UPSTREAM_KEY_ENCRYPTION_KEYS, then set the status back to active."
+            "it was stored with in UPSTREAM_KEY_ENCRYPTION_KEYS, then re-enable it (the 'Re-enable' action)."
         )
     else:
         sql = _FAILED

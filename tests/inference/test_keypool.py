@@ -206,7 +206,7 @@ def test_a_401_disables_the_key_with_the_reason_and_it_is_never_used_again(upstr
     revoked.refresh_from_db()
     assert revoked.status == UpstreamKey.Status.DISABLED and revoked.cooldown_until is None
     reason = revoked.disabled_reason
-    assert provider.name in reason and "HTTP 401" in reason and "set the status back to active" in reason
+    assert provider.name in reason and "HTTP 401" in reason and "re-enable it here" in reason
     assert revoked_secret not in reason and revoked_secret not in revoked.last_error
     assert keypool.pick(provider.id, exclude=set()) is not None  # the good one
 
