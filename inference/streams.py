@@ -6,8 +6,9 @@ saw) loses nothing. Streams expire an hour after their last event.
 
 A routed generation (``inference.execution``) also writes ``retry`` events {attempt, kind,
 status, retry_after_s, message, wait_s, route} when an attempt failed and another follows
-(after ``wait_s`` seconds, on ``route``). Readers skip kinds they do not know; only
-``stats`` and ``error`` end a stream.
+(after ``wait_s`` seconds, on ``route``). A map-reduce answer writes ``progress`` {stage,
+done, total} while its map requests run, before its generation. Readers skip kinds they do
+not know; only ``stats`` and ``error`` end a stream.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from django.conf import settings
 
 STREAM_TTL_SECONDS = 3600
 TERMINAL = ("stats", "error")
+# Events about the request rather than from its generation (readers show them as progress).
+NOTICES = ("progress",)
 
 
 def stream_key(request_id: str) -> str:
@@ -46,12 +49,14 @@ class StreamWriter:
         self._expiry_set = False
 
     def history(self) -> tuple[int, str | None]:
-        """How many events the stream holds and the type of the last one (None if empty)."""
-        pipe = self.client.pipeline()
-        pipe.xlen(self.key)
-        pipe.xrevrange(self.key, count=1)
-        length, last = pipe.execute()
-        return length, (last[0][1][b"type"].decode() if last else None)
+        """How many generation events the stream holds and the type of the last one (None if
+        none). ``progress`` notices (what a request does before its generation starts, e.g.
+        the map requests of a map-reduce answer) are not the generation's: they do not count."""
+        if not self.client.exists(self.key):  # the usual case: one round trip
+            return 0, None
+        kinds = [fields[b"type"].decode() for _, fields in self.client.xrange(self.key)]
+        kinds = [kind for kind in kinds if kind not in NOTICES]
+        return len(kinds), (kinds[-1] if kinds else None)
 
     def write(self, kind: str, /, **data) -> str:
         """Append one event. The expiry is (re)set by this writer's first event and by the

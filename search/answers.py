@@ -211,6 +211,8 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         "maps": maps,
     }
     answer.save()
+    # Long work shows progress: the answer's own stream says how far the map requests are.
+    StreamWriter(str(answer.id)).write("progress", stage="map", done=0, total=len(maps))
     for index, (request, entry) in enumerate(zip(prompt.requests, maps, strict=True)):
         router.submit(
             replace(plan, request_id=entry["request_id"]),
@@ -425,6 +427,8 @@ def answer_map_collect(*, answer_id, index: int, result) -> bool:
             entry.update(status="error", error=_error_text(outcome["error"]))
         else:
             entry.update(status="ok", note=outcome["text"], tokens=(outcome["stats"] or {}).get("completion_tokens"))
+        done = sum(item["status"] != "pending" for item in state["maps"])
+        StreamWriter(str(answer.id)).write("progress", stage="map", done=done, total=len(state["maps"]))
         if any(item["status"] == "pending" for item in state["maps"]):
             answer.save(update_fields=["stats"])
             return True

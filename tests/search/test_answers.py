@@ -503,6 +503,12 @@ def test_a_source_larger_than_the_window_is_answered_by_map_reduce(workers, db, 
 
     assert stored.status == Answer.Status.DONE, stored.error
     assert stored.text == deltas(events) == reply
+    # Progress while the maps ran (the collects may finish in any order: the counts still
+    # rise one by one), then the reduce's own generation.
+    progress = [(data["stage"], data["done"], data["total"]) for _, kind, data in events if kind == "progress"]
+    assert progress == [("map", done, len(maps)) for done in range(len(maps) + 1)]
+    kinds = [kind for _, kind, _ in events]
+    assert kinds[: len(progress)] == ["progress"] * len(progress) and kinds[-1] == "stats"
     lift = next(s for s in stored.sources if s["title"] == "Lift report")
     assert lift["number"] == 1
     assert stored.citations == [
