@@ -45,15 +45,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 
-from benchmarks.common import ROOT, django_setup, report
+from benchmarks.common import django_setup, report
 
 DATABASE = "ragsite_bench_router"
 WORDS = "Lift rises with the angle of attack until the wing stalls near fifteen degrees".split()
@@ -62,25 +58,6 @@ WORDS = "Lift rises with the angle of attack until the wing stalls near fifteen 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return statistics.quantiles(ordered, n=100, method="inclusive")[q - 1] if len(ordered) > 1 else ordered[0]
-
-
-def stand_in_start() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.upstream_server", str(port)], cwd=ROOT, start_new_session=True
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/healthz", timeout=1).read()  # noqa: S310 (our loopback URL)
-            return process, f"{base}/v1"
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the stand-in server did not start") from None
-            time.sleep(0.1)
 
 
 def main() -> None:
@@ -108,13 +85,13 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connections
 
-    process, base_url = stand_in_start()
+    from tests.upstream_server import serving
+
     try:
-        call_command("migrate", verbosity=0)
-        result = run(args, base_url)
+        with serving() as base_url:
+            call_command("migrate", verbosity=0)
+            result = run(args, base_url)
     finally:
-        process.terminate()
-        process.wait(timeout=10)
         connections.close_all()
         if not args.keep:
             with psycopg.connect(server, autocommit=True) as conn:

@@ -207,37 +207,24 @@ def step(release: CanaryRelease | int, *, actor=None, reason: str = "") -> Canar
 def pause(release: CanaryRelease | int, *, actor=None, reason: str = "") -> CanaryRelease:
     """Stop automatic promotion. Traffic keeps its percent, and the analysis still rolls
     back a failing canary: clients on the canary arm are still served by it."""
-    with transaction.atomic():
-        release = _lock(release)
-        if release.state != State.RUNNING:
-            raise CanaryActionRefused(
-                f"cannot pause release {release.name!r}: it is {release.get_state_display().lower()}"
-            )
-        release.state = State.PAUSED
-        release.save()
-        _event(
-            release, Action.PAUSED, percent_from=release.percent, percent_to=release.percent, reason=reason, actor=actor
-        )
-    return release
+    return _change_state(release, "pause", State.RUNNING, State.PAUSED, Action.PAUSED, actor=actor, reason=reason)
 
 
 def resume(release: CanaryRelease | int, *, actor=None, reason: str = "") -> CanaryRelease:
+    return _change_state(release, "resume", State.PAUSED, State.RUNNING, Action.RESUMED, actor=actor, reason=reason)
+
+
+def _change_state(release, verb: str, from_state: str, to_state: str, action: str, *, actor, reason) -> CanaryRelease:
+    """Move a release between running and paused under its row lock, recording the event."""
     with transaction.atomic():
         release = _lock(release)
-        if release.state != State.PAUSED:
+        if release.state != from_state:
             raise CanaryActionRefused(
-                f"cannot resume release {release.name!r}: it is {release.get_state_display().lower()}"
+                f"cannot {verb} release {release.name!r}: it is {release.get_state_display().lower()}"
             )
-        release.state = State.RUNNING
+        release.state = to_state
         release.save()
-        _event(
-            release,
-            Action.RESUMED,
-            percent_from=release.percent,
-            percent_to=release.percent,
-            reason=reason,
-            actor=actor,
-        )
+        _event(release, action, percent_from=release.percent, percent_to=release.percent, reason=reason, actor=actor)
     return release
 
 

@@ -41,7 +41,6 @@ attempt, ``latency_ms`` and ``ttft_ms`` run from the start of the request's firs
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -69,7 +68,7 @@ from inference.remote import (
 from inference.router import queue_for
 from inference.rows import cursor, insert_values
 from inference.secrets import SecretUnreadable
-from inference.streams import PipelinedStreamWriter, StreamWriter
+from inference.streams import PipelinedStreamWriter, StreamWriter, stream_events
 
 logger = logging.getLogger(__name__)
 
@@ -617,12 +616,7 @@ def ledger_write_lost(request_id: str, payload: dict, reason: str) -> UsageRecor
     if UsageRecord.objects.filter(request_id=request_id).exists():
         return None
     route = Route.objects.select_related("provider").get(id=payload["route_id"])
-    writer = StreamWriter(request_id)
-    texts = [
-        json.loads(fields[b"data"])["text"]
-        for _, fields in writer.client.xrange(writer.key)
-        if fields[b"type"] == b"delta"
-    ]
+    texts = [data.get("text", "") for _, kind, data in stream_events(request_id) if kind == "delta"]
     handover = payload.get("handover") or {}
     outcome = Outcome(
         route=route,

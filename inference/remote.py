@@ -96,7 +96,7 @@ from urllib.parse import urlsplit
 import httpx2
 import openai
 
-from inference.engine.speculative import GenerationError
+from inference.engine.speculative import GenerationError, validate_sampling
 
 KINDS = ("rate_limited", "unauthorized", "bad_request", "server_error", "timeout", "connection", "broken_stream")
 SPECULATIVE_METHODS = ("off", "draft", "ngram", "both")
@@ -242,8 +242,6 @@ def validate(endpoint: RemoteEndpoint, request: RemoteRequest) -> None:
             "speculative.method", "'both' has no equivalent on a vLLM-style upstream; use 'ngram' or 'draft'"
         )
     k = _number(spec.get("k", 4), "speculative.k", int)
-    if not 1 <= k <= 16:
-        raise GenerationError("speculative.k", f"must be between 1 and 16, got {k}")
     if method == "draft" and not (isinstance(spec.get("draft_model"), str) and spec["draft_model"]):
         raise GenerationError("speculative.draft_model", "names the draft model the upstream serves; it is required")
     ngram_max = _number(spec.get("ngram_max", 4), "speculative.ngram_max", int)
@@ -253,12 +251,12 @@ def validate(endpoint: RemoteEndpoint, request: RemoteRequest) -> None:
             "speculative.ngram_min", f"must be between 1 and ngram_max ({ngram_max}), got {ngram_min}"
         )
 
-    if _number(request.temperature, "temperature", float) < 0:
-        raise GenerationError("temperature", f"must be >= 0, got {request.temperature}")
-    if not 0 < _number(request.top_p, "top_p", float) <= 1:
-        raise GenerationError("top_p", f"must be in (0, 1], got {request.top_p}")
-    if _number(request.max_tokens, "max_tokens", int) < 1:
-        raise GenerationError("max_tokens", f"must be at least 1, got {request.max_tokens}")
+    validate_sampling(
+        k=k,
+        temperature=_number(request.temperature, "temperature", float),
+        top_p=_number(request.top_p, "top_p", float),
+        max_tokens=_number(request.max_tokens, "max_tokens", int),
+    )
     if request.seed is not None:
         _number(request.seed, "seed", int)
     if isinstance(request.stop, str) or not all(isinstance(stop, str) and stop for stop in request.stop):

@@ -32,7 +32,7 @@ def stream_key(request_id: str) -> str:
 _clients: dict[str, redis.Redis] = {}
 
 
-def _client() -> redis.Redis:
+def redis_client() -> redis.Redis:
     """One client (and connection pool) per process and URL: thread-safe, and reconnecting
     per request would cost more than the writes (redis-py resets its pool after a fork)."""
     client = _clients.get(settings.REDIS_URL)
@@ -45,7 +45,7 @@ def _client() -> redis.Redis:
 class StreamWriter:
     def __init__(self, request_id: str, client: redis.Redis | None = None):
         self.key = stream_key(request_id)
-        self.client = client or _client()
+        self.client = client or redis_client()
         self._expiry_set = False
 
     def history(self) -> tuple[int, str | None]:
@@ -54,8 +54,7 @@ class StreamWriter:
         the map requests of a map-reduce answer) are not the generation's: they do not count."""
         if not self.client.exists(self.key):  # the usual case: one round trip
             return 0, None
-        kinds = [fields[b"type"].decode() for _, fields in self.client.xrange(self.key)]
-        kinds = [kind for kind in kinds if kind not in NOTICES]
+        kinds = [kind for _, kind, _ in stream_events(self.key, client=self.client) if kind not in NOTICES]
         return len(kinds), (kinds[-1] if kinds else None)
 
     def write(self, kind: str, /, **data) -> str:
@@ -142,6 +141,23 @@ class PipelinedStreamWriter(StreamWriter):
             self.client.connection_pool.release(connection)
 
 
+def stream_events(request_id_or_key: str, *, client: redis.Redis | None = None) -> list[tuple[str, str, dict]]:
+    """Every event the stream holds now, ``(event_id, type, data)``, without waiting."""
+    key = request_id_or_key if request_id_or_key.startswith("gen:") else stream_key(request_id_or_key)
+    return [
+        (event_id.decode(), fields[b"type"].decode(), _data(fields[b"data"]))
+        for event_id, fields in (client or redis_client()).xrange(key)
+    ]
+
+
+def _data(raw: bytes) -> dict:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 # One XREAD blocks at most this long: well under the client's 30 s socket timeout, so a
 # long wait is several reads rather than a socket error.
 _READ_SLICE_MS = 10_000
@@ -152,7 +168,7 @@ def stream_read(request_id: str, *, after: str = "0", block_ms: int = 15000) -> 
 
     Raises ``TimeoutError`` if nothing arrives for ``block_ms``.
     """
-    client = _client()
+    client = redis_client()
     key = stream_key(request_id)
     last = after
     while True:

@@ -50,6 +50,19 @@ def _already_streamed(writer: StreamWriter, expected: int = 0) -> dict | None:
     return {"error": "interrupted"}
 
 
+def _stream_to(writer: StreamWriter, pieces, stats_type: type) -> dict:
+    """Write a backend's text deltas to the stream, then its stats; returns the stats dict."""
+    stats = None
+    for piece in pieces:
+        if isinstance(piece, stats_type):
+            stats = piece
+        else:
+            writer.write("delta", text=piece)
+    result = stats.as_dict()
+    writer.write("stats", **result)
+    return result
+
+
 @shared_task(name="inference.tasks.generate_local", bind=True, **GENERATION_TASK_OPTIONS)
 def generate_local(self, request_id: str, payload: dict) -> dict:
     """Run one generation on this process's device and stream it to ``gen:<request_id>``.
@@ -78,21 +91,14 @@ def generate_local(self, request_id: str, payload: dict) -> dict:
                 method=spec.get("method", "off"), k=int(spec.get("k", 4)), adaptive_k=bool(spec.get("adaptive_k"))
             ),
         )
-        stats = None
-        for piece in generate(
+        pieces = generate(
             request,
             target=models.target,
             tokenizer=models.tokenizer,
             draft=models.draft,
             context_window=models.context_window,
-        ):
-            if isinstance(piece, GenerationStats):
-                stats = piece
-            else:
-                writer.write("delta", text=piece)
-        result = stats.as_dict()
-        writer.write("stats", **result)
-        return result
+        )
+        return _stream_to(writer, pieces, GenerationStats)
     except GenerationError as exc:
         writer.write("error", field=exc.field, message=str(exc))
         return {"error": str(exc)}
@@ -176,15 +182,7 @@ def generate_remote(self, request_id: str, payload: dict) -> dict:
             seed=_remote_field(payload, "seed", int),
             speculative=payload.get("speculative"),
         )
-        stats = None
-        for piece in stream_chat(endpoint, request):
-            if isinstance(piece, RemoteStats):
-                stats = piece
-            else:
-                writer.write("delta", text=piece)
-        result = stats.as_dict()
-        writer.write("stats", **result)
-        return result
+        return _stream_to(writer, stream_chat(endpoint, request), RemoteStats)
     except GenerationError as exc:
         writer.write("error", field=exc.field, message=str(exc))
         return {"error": str(exc)}

@@ -38,13 +38,12 @@ from dataclasses import replace
 
 import redis
 from celery import signature
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from inference import router
 from inference.models import Route
-from inference.streams import TERMINAL, StreamWriter, stream_key, stream_read
+from inference.streams import TERMINAL, StreamWriter, redis_client, stream_events, stream_key, stream_read
 from search import prompting
 from search.extractive import extractive_answer
 from search.models import Answer, Collection, Workspace
@@ -305,16 +304,9 @@ def _result_of(result, request_id: str) -> dict | None:
     return _result_from_stream(request_id)
 
 
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30, socket_connect_timeout=5)
-
-
 def _result_from_stream(request_id: str) -> dict | None:
-    events = _redis().xrange(stream_key(request_id))
     text, stats, error = [], None, None
-    for _, fields in events:
-        kind = fields[b"type"].decode()
-        data = _json(fields[b"data"])
+    for _, kind, data in stream_events(request_id):
         if kind == "delta":
             text.append(data.get("text", ""))
         elif kind == "stats":
@@ -326,20 +318,10 @@ def _result_from_stream(request_id: str) -> dict | None:
     return {"text": "".join(text), "stats": stats or {}, "error": error}
 
 
-def _json(raw: bytes) -> dict:
-    import json
-
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def _stream_times(request_id: str) -> tuple[float | None, float | None]:
     """Unix ms of the stream's first ``delta`` and of its last event (Redis stream ids are
     the server's clock in ms)."""
-    client = _redis()
+    client = redis_client()
     key = stream_key(request_id)
     first_delta = None
     for event_id, fields in client.xrange(key, count=50):

@@ -73,18 +73,9 @@ def answer_finalize(self, result: dict, answer_id: str) -> None:
     result is not the generation's end (it went on on another queue), watch the stream."""
     from search import answers
 
-    try:
-        _, waiting = answers.answer_finalize(answer_id=answer_id, result=result)
-    except TRANSIENT_ERRORS as exc:
-        if self.request.retries < MAX_RETRIES:
-            raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from exc
-        _answer_fail_on(exc, answer_id)
-        raise
-    except Exception as exc:
-        _answer_fail_on(exc, answer_id)
-        raise
-    if waiting:
-        raise self.retry(args=({"status": "watch"}, answer_id), countdown=answers.FINALIZE_WATCH_INTERVAL_S)
+    _answer_step(
+        self, answer_id, lambda: not answers.answer_finalize(answer_id=answer_id, result=result)[1], (answer_id,)
+    )
 
 
 @shared_task(name="search.tasks.answer_map_collect", bind=True, ignore_result=True, max_retries=None)
@@ -92,18 +83,32 @@ def answer_map_collect(self, result: dict, answer_id: str, index: int) -> None:
     """Store one map request's notes of a map-reduce answer; the last submits the reduce."""
     from search import answers
 
+    _answer_step(
+        self,
+        answer_id,
+        lambda: answers.answer_map_collect(answer_id=answer_id, index=index, result=result),
+        (answer_id, index),
+    )
+
+
+def _answer_step(task, answer_id: str, step, args: tuple) -> None:
+    """Run one answer task's ``step`` (True when done): transient database or Redis errors
+    retry with backoff, anything else (or retries spent) fails the answer; not done yet
+    (the generation has not ended) looks again later with a ``watch`` result."""
+    from search import answers
+
     try:
-        done = answers.answer_map_collect(answer_id=answer_id, index=index, result=result)
+        done = step()
     except TRANSIENT_ERRORS as exc:
-        if self.request.retries < MAX_RETRIES:
-            raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from exc
+        if task.request.retries < MAX_RETRIES:
+            raise task.retry(exc=exc, countdown=_backoff(task.request.retries)) from exc
         _answer_fail_on(exc, answer_id)
         raise
     except Exception as exc:
         _answer_fail_on(exc, answer_id)
         raise
     if not done:
-        raise self.retry(args=({"status": "watch"}, answer_id, index), countdown=answers.FINALIZE_WATCH_INTERVAL_S)
+        raise task.retry(args=({"status": "watch"}, *args), countdown=answers.FINALIZE_WATCH_INTERVAL_S)
 
 
 @shared_task(name="search.tasks.answer_generation_lost", ignore_result=True)

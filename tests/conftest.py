@@ -116,25 +116,7 @@ def start_worker(tmp_path):
 @pytest.fixture(scope="session")
 def upstream_server():
     """The OpenAI-protocol stand-in (tests/upstream_server.py) on a free loopback port."""
-    import socket
-    import urllib.request
+    from tests.upstream_server import serving
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.upstream_server", str(port)], cwd=PROJECT_ROOT, start_new_session=True
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/healthz", timeout=1).read()
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the upstream stand-in did not start") from None
-            time.sleep(0.1)
-    yield f"{base}/v1"
-    process.terminate()
-    process.wait(timeout=10)
+    with serving() as base_url:
+        yield base_url

@@ -65,17 +65,22 @@ The module also has the small client the tests use for the control API
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import re
+import socket
+import subprocess
 import sys
 import threading
 import time
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 STEP_KEYS = {
     "status",
@@ -491,6 +496,34 @@ def upstream_log(base_url: str, api_key: str) -> list[dict]:
 
 def upstream_reset(base_url: str, api_key: str | None = None) -> None:
     _post(f"{_control_base(base_url)}/_control/reset", {"api_key": api_key} if api_key else {})
+
+
+@contextlib.contextmanager
+def serving() -> Iterator[str]:
+    """This server in a process of its own on a free loopback port; yields its ``/v1`` base URL
+    once it answers, and stops it afterwards (the tests' fixture and the router benchmark)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    root = Path(__file__).resolve().parent.parent
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.upstream_server", str(port)], cwd=root, start_new_session=True
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/healthz", timeout=1).read()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the upstream stand-in did not start") from None
+                time.sleep(0.1)
+        yield f"{base}/v1"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 def main() -> None:

@@ -136,6 +136,18 @@ class _Model:
             self.length = length
 
 
+def validate_sampling(*, k: int, temperature: float, top_p: float, max_tokens: int) -> None:
+    """The request parameters every backend takes alike (the local engine, ``inference.remote``)."""
+    if not 1 <= k <= 16:
+        raise GenerationError("speculative.k", f"must be between 1 and 16, got {k}")
+    if temperature < 0:
+        raise GenerationError("temperature", f"must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise GenerationError("top_p", f"must be in (0, 1], got {top_p}")
+    if max_tokens < 1:
+        raise GenerationError("max_tokens", f"must be at least 1, got {max_tokens}")
+
+
 def validate(
     request: GenerationRequest, *, context_window: int, has_draft: bool, vocab_size: int | None = None
 ) -> None:
@@ -144,14 +156,7 @@ def validate(
         raise GenerationError("speculative.method", f"must be one of {', '.join(METHODS)}, got {spec.method!r}")
     if spec.method in ("draft", "both") and not has_draft:
         raise GenerationError("speculative.method", f"{spec.method!r} needs a draft model, and none is loaded")
-    if not 1 <= spec.k <= 16:
-        raise GenerationError("speculative.k", f"must be between 1 and 16, got {spec.k}")
-    if request.temperature < 0:
-        raise GenerationError("temperature", f"must be >= 0, got {request.temperature}")
-    if not 0 < request.top_p <= 1:
-        raise GenerationError("top_p", f"must be in (0, 1], got {request.top_p}")
-    if request.max_tokens < 1:
-        raise GenerationError("max_tokens", f"must be at least 1, got {request.max_tokens}")
+    validate_sampling(k=spec.k, temperature=request.temperature, top_p=request.top_p, max_tokens=request.max_tokens)
     if not request.prompt_ids:
         raise GenerationError("prompt", "is empty")
     if vocab_size is not None:

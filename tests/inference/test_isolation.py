@@ -13,7 +13,7 @@ import torch
 from inference import tasks
 from inference.streams import StreamWriter, stream_read
 from inference.tasks import generate_local
-from tests.inference.tiny_models import tiny_llama, tiny_tokenizer
+from tests.inference.tiny_models import tiny_model_save
 
 PROMPT = "the wing flow of the shock wave is high and the lift of the wing flow is low"
 
@@ -22,9 +22,7 @@ PROMPT = "the wing flow of the shock wave is high and the lift of the wing flow 
 def long_context_model(tmp_path_factory):
     """A tiny model with room for thousands of tokens: a generation long enough to kill mid-way."""
     path = tmp_path_factory.mktemp("tiny-llama-long")
-    tiny_llama(5, max_positions=8192).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return str(path)
+    return tiny_model_save(path, 5, max_positions=8192)
 
 
 def texts(events) -> str:

@@ -9,7 +9,7 @@ import pytest
 from inference.engine import GenerationRequest, GenerationStats, generate
 from inference.streams import stream_read
 from inference.tasks import generate_local
-from tests.inference.tiny_models import tiny_llama, tiny_tokenizer
+from tests.inference.tiny_models import tiny_model_save
 
 pytestmark = pytest.mark.slow
 
@@ -19,9 +19,7 @@ PROMPT = "the wing flow of the shock wave is high and the lift of the wing flow 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_llama(1).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return str(path)
+    return tiny_model_save(path, 1)
 
 
 def reference(model_dir: str, max_tokens: int) -> str:

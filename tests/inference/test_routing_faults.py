@@ -34,7 +34,7 @@ from tests.inference.routing_helpers import (
     routed,
     unique,
 )
-from tests.inference.tiny_models import tiny_llama, tiny_tokenizer
+from tests.inference.tiny_models import tiny_model_save
 from tests.upstream_server import upstream_log, upstream_script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -358,9 +358,7 @@ def test_requests_fail_over_between_keys_through_a_remote_worker(start_worker, u
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama-routing")
-    tiny_llama(1).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return str(path)
+    return tiny_model_save(path, 1)
 
 
 @pytest.mark.slow

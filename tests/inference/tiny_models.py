@@ -52,3 +52,11 @@ def tiny_llama(
     model.eval()
     model.generation_config.eos_token_id = 2
     return model
+
+
+def tiny_model_save(path, seed: int = 1, **options) -> str:
+    """A ``tiny_llama`` and the tiny tokenizer saved in ``path``, for what loads models by path
+    (the engine's ``models_load``, a local provider); returns the path as a string."""
+    tiny_llama(seed, **options).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return str(path)

@@ -27,7 +27,7 @@ from search.prompting import RemoteEstimate, Source, answer_messages, budget_for
 from search.selectors import chunk_search
 from search.services import collection_create, document_create, workspace_create
 from tests.conftest import celery_worker
-from tests.inference.tiny_models import tiny_llama, tiny_tokenizer
+from tests.inference.tiny_models import tiny_model_save
 from tests.upstream_server import upstream_log
 
 DOCUMENTS = {
@@ -314,9 +314,7 @@ def workers(django_db_setup, django_db_blocker, tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama-answers")
-    tiny_llama(1).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return str(path)
+    return tiny_model_save(path, 1)
 
 
 @pytest.mark.slow
@@ -550,8 +548,7 @@ def test_a_generation_whose_process_dies_fails_the_answer_and_is_still_billed(wo
 
     workspace, _ = corpus
     model_dir = tmp_path / "tiny-llama-long"
-    tiny_llama(5, max_positions=8192).save_pretrained(model_dir)
-    tiny_tokenizer().save_pretrained(model_dir)
+    tiny_model_save(model_dir, 5, max_positions=8192)
     provider = Provider.objects.create(name="pool", kind=Provider.Kind.LOCAL, model=str(model_dir), context_window=8192)
     Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=6000)
 

@@ -25,7 +25,7 @@ from search.prompting import (
     reduce_request,
     text_split_to_fit,
 )
-from tests.inference.tiny_models import tiny_llama, tiny_tokenizer
+from tests.inference.tiny_models import tiny_model_save, tiny_tokenizer
 
 
 class WordCount:
@@ -168,9 +168,7 @@ def test_max_tokens_that_leave_no_room_are_refused_naming_the_field():
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama-prompting")
-    tiny_llama(1, max_positions=300).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return str(path)
+    return tiny_model_save(path, 1, max_positions=300)
 
 
 def test_a_local_budget_counts_with_the_models_tokenizer_within_the_models_own_window(tiny_model_dir):
