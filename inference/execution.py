@@ -2,8 +2,9 @@
 
 ``run_routed`` is the body of ``inference.tasks.generate_routed``. Whatever happens, the
 stream ``gen:<request_id>`` ends with ``stats`` or ``error``, and exactly one ledger row is
-written, by the process that ends the request, with the tokens produced, so nothing is
-served unbilled. How attempts are chosen (docs/routing.md, "Keys, retries and failover"):
+queued with that terminal event, atomically, by the process that ends the request, with the
+tokens produced, so nothing is served unbilled (``billing.ledger`` stores it off the
+request's path). How attempts are chosen (docs/routing.md, "Keys, retries and failover"):
 
 - The chain is the route, then its fallback routes in order (``Route.fallback_routes()``,
   enabled routes on enabled providers; loaded only once the route itself is exhausted).
@@ -28,7 +29,7 @@ served unbilled. How attempts are chosen (docs/routing.md, "Keys, retries and fa
 - A route on the other queue (a ``local`` route reached from the ``remote`` worker, or the
   reverse) is handed over: ``generate_routed`` is sent to that queue with the same request
   id and the attempt state (attempts used, deadline, the rest of the chain, the stream's
-  length) in the payload; the process that ends the request writes the ledger row.
+  length) in the payload; the process that ends the request queues the ledger row.
 - Each new attempt is announced in the stream by a ``retry`` event {attempt (the one that
   failed), kind, status, retry_after_s, wait_s, route (where the next attempt goes),
   message}; readers that do not know it skip it (they stop at ``stats``/``error`` only).
@@ -36,7 +37,8 @@ served unbilled. How attempts are chosen (docs/routing.md, "Keys, retries and fa
 Ledger: ``attempts`` counts every upstream or engine call of the request (all processes),
 ``upstream_key`` is the key of the last attempt, ``route``/``provider`` those of the last
 attempt, ``latency_ms`` and ``ttft_ms`` run from the start of the request's first attempt
-(so retries show in them), and a failed request records the tokens already streamed.
+(so retries show in them, up to the terminal event), and a failed request records the
+tokens already streamed.
 """
 
 from __future__ import annotations
@@ -44,13 +46,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from django.conf import settings
-from django.db import connection
-from django.db.models import signals
-from django.utils import timezone
 from tenacity import RetryCallState, wait_random_exponential
 
+from billing import ledger
 from billing.models import UsageRecord
 from inference import keypool
 from inference.engine import GenerationRequest, GenerationStats, SpeculativeConfig, generate
@@ -66,9 +67,8 @@ from inference.remote import (
     stream_chat,
 )
 from inference.router import queue_for
-from inference.rows import cursor, insert_values
 from inference.secrets import SecretUnreadable
-from inference.streams import PipelinedStreamWriter, StreamWriter, stream_events
+from inference.streams import TERMINAL, PipelinedStreamWriter, StreamWriter, stream_events
 
 logger = logging.getLogger(__name__)
 
@@ -533,7 +533,7 @@ def _run(request_id: str, payload: dict, writer: PipelinedStreamWriter) -> dict:
         writer.flush()
         return {"request_id": request_id, "status": "handed_over", **handover}
     except Done:
-        routing.write("stats", **{**outcome.stats, "attempts": outcome.attempts})
+        pass
     except Stop as stop:
         outcome.error = {**stop.failure.as_dict(), "attempts": outcome.attempts}
     except Exception as exc:  # a bug fails this request only
@@ -548,18 +548,20 @@ def _run(request_id: str, payload: dict, writer: PipelinedStreamWriter) -> dict:
             "message": f"generation failed: {type(exc).__name__}",
             "attempts": outcome.attempts,
         }
+    # The ledger row goes with the terminal event, atomically (billing.ledger).
+    writer.end_with(ledger.outbox_command(ledger_row(request_id, payload, outcome)))
     if outcome.error:
         routing.write("error", **outcome.error)
-    ledger_write(request_id, payload, outcome)
+    else:
+        routing.write("stats", **{**outcome.stats, "attempts": outcome.attempts})
     return outcome.result(request_id, payload)
 
 
-def ledger_write(request_id: str, payload: dict, outcome: Outcome) -> UsageRecord:
-    """The request's one ledger row; for a success on an upstream key, the key's success
-    count in the same statement (one round trip, one commit that waits for the flush).
+def ledger_row(request_id: str, payload: dict, outcome: Outcome) -> dict:
+    """The request's ledger row (``UsageRecord`` columns, JSON values), as it ends now.
 
-    Written with ``inference.rows.insert_values`` (what ``Model.save`` sends, without the
-    query compiler); ``pre_save``/``post_save`` are sent as ``save`` would."""
+    ``upstream_key`` is the key of the last attempt; with status ``ok`` that key served the
+    answer, and storing the row counts the success on it (``billing.ledger``)."""
     route, stats = outcome.route, outcome.stats
     completion_tokens = len(outcome.text) if outcome.error else stats.get("completion_tokens", len(outcome.text))
     now = time.time()
@@ -568,61 +570,56 @@ def ledger_write(request_id: str, payload: dict, outcome: Outcome) -> UsageRecor
     if outcome.error and not stats and completion_tokens:
         # Failed mid-stream: the upstream read the prompt; estimated as remote.py does.
         prompt_tokens = estimate_prompt_tokens(payload.get("messages") or [])
-    record = UsageRecord(
-        request_id=request_id,
-        created_at=timezone.now(),
-        kind=UsageRecord.Kind.GENERATION,
-        workspace_id=payload.get("workspace_id"),
-        user_id=payload.get("user_id"),
-        route_id=route.id,
-        route_name=route.name,
-        release_id=payload.get("release_id"),
-        arm=payload.get("arm") or "",
-        provider_id=route.provider.id,
-        provider_name=route.provider.name,
-        model=route.provider.model,
-        upstream_key_id=outcome.upstream_key_id,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        draft_tokens_proposed=stats.get("draft_tokens_proposed", 0),
-        draft_tokens_accepted=stats.get("draft_tokens_accepted", 0),
-        usage_source=stats.get("usage_source", "counted" if outcome.error else ""),
-        attempts=outcome.attempts,
-        latency_ms=max(0.0, (now - outcome.started) * 1000),
-        ttft_ms=max(0.0, ttft) if ttft is not None else None,
-        status=UsageRecord.Status.ERROR if outcome.error else UsageRecord.Status.OK,
-        error_class=(outcome.error or {}).get("kind") or "",
-    )
-    signals.pre_save.send(sender=UsageRecord, instance=record, raw=False, using=connection.alias, update_fields=None)
-    insert, values = insert_values(record)
-    params = values
-    if outcome.key_succeeded and outcome.upstream_key_id is not None:
-        insert = f"WITH success AS ({keypool.SUCCESS}) {insert}"
-        params = [outcome.upstream_key_id, *values]
-    with cursor() as cursor_:
-        cursor_.execute(insert, params)
-        record.pk = cursor_.fetchone()[0]
-    record._state.adding, record._state.db = False, connection.alias
-    signals.post_save.send(
-        sender=UsageRecord, instance=record, created=True, update_fields=None, raw=False, using=connection.alias
-    )
-    return record
+    return {
+        "request_id": request_id,
+        "created_at": datetime.fromtimestamp(now, tz=UTC).isoformat(),
+        "kind": UsageRecord.Kind.GENERATION.value,
+        "workspace_id": payload.get("workspace_id"),
+        "user_id": payload.get("user_id"),
+        "route_id": route.id,
+        "route_name": route.name,
+        "release_id": payload.get("release_id"),
+        "arm": payload.get("arm") or "",
+        "provider_id": route.provider.id,
+        "provider_name": route.provider.name,
+        "model": route.provider.model,
+        "upstream_key_id": outcome.upstream_key_id,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "draft_tokens_proposed": stats.get("draft_tokens_proposed", 0),
+        "draft_tokens_accepted": stats.get("draft_tokens_accepted", 0),
+        "usage_source": stats.get("usage_source", "counted" if outcome.error else ""),
+        "attempts": outcome.attempts,
+        "latency_ms": max(0.0, (now - outcome.started) * 1000),
+        "ttft_ms": max(0.0, ttft) if ttft is not None else None,
+        "status": (UsageRecord.Status.ERROR if outcome.error else UsageRecord.Status.OK).value,
+        "error_class": (outcome.error or {}).get("kind") or "",
+        "cost_usd": None,
+    }
 
 
-def ledger_write_lost(request_id: str, payload: dict, reason: str) -> UsageRecord | None:
-    """The ledger row of a request whose pool process died (written by the worker's parent):
-    status error, ``worker_lost``, the tokens its stream holds. None if the row exists (the
-    process died after writing it)."""
-    if UsageRecord.objects.filter(request_id=request_id).exists():
-        return None
-    route = Route.objects.select_related("provider").get(id=payload["route_id"])
-    texts = [data.get("text", "") for _, kind, data in stream_events(request_id) if kind == "delta"]
-    handover = payload.get("handover") or {}
-    outcome = Outcome(
-        route=route,
-        text=texts,
-        error={"kind": "worker_lost", "message": reason},
-        attempts=max(1, int(handover.get("attempts") or 0)),
-        started=float(handover.get("started") or time.time()),
-    )
-    return ledger_write(request_id, payload, outcome)
+def lost_generation_end(request_id: str, payload: dict, reason: str) -> bool:
+    """End the stream and queue the ledger row of a request whose pool process died (run by
+    the worker's parent): a terminal ``error`` of kind ``worker_lost`` and a row with status
+    error and the tokens the stream holds, in one ``MULTI``/``EXEC``. False when the stream
+    had already ended: the process died after its terminal event, whose row went with it."""
+    writer = PipelinedStreamWriter(request_id)
+    try:
+        if writer.history()[1] in TERMINAL:
+            return False
+        route = Route.objects.select_related("provider").get(id=payload["route_id"])
+        texts = [data.get("text", "") for _, kind, data in stream_events(request_id) if kind == "delta"]
+        handover = payload.get("handover") or {}
+        error = {"field": None, "kind": "worker_lost", "message": f"{reason}; the request was not retried"}
+        outcome = Outcome(
+            route=route,
+            text=texts,
+            error=error,
+            attempts=max(1, int(handover.get("attempts") or 0)),
+            started=float(handover.get("started") or time.time()),
+        )
+        writer.end_with(ledger.outbox_command(ledger_row(request_id, payload, outcome)))
+        writer.write("error", **error)
+        return True
+    finally:
+        writer.close()

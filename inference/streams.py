@@ -72,7 +72,7 @@ class StreamWriter:
         return event_id.decode() if isinstance(event_id, bytes) else event_id
 
 
-def _resp(*parts: bytes) -> bytes:
+def resp_command(*parts: bytes) -> bytes:
     """One command in the Redis protocol (RESP): an array of bulk strings."""
     out = [b"*%d\r\n" % len(parts)]
     for part in parts:
@@ -87,7 +87,11 @@ class PipelinedStreamWriter(StreamWriter):
     surfaces. It holds one connection of the pool until ``close``; one thread at a time.
     ``write`` returns None (the event id is in a reply not read yet). What a routed
     generation streams with (``inference.execution``): a delta costs the send, not a round
-    trip."""
+    trip.
+
+    ``end_with(command, ...)``: commands (in the Redis protocol, ``resp_command``) that go
+    with the terminal event in one ``MULTI``/``EXEC``, all applied or none: the request's
+    ledger row (``billing.ledger.outbox_command``)."""
 
     MAX_PENDING = 64
 
@@ -96,13 +100,22 @@ class PipelinedStreamWriter(StreamWriter):
         self._key = self.key.encode()
         self._connection = None
         self._pending = 0
+        self._with_terminal: list[bytes] = []
+
+    def end_with(self, *commands: bytes) -> None:
+        self._with_terminal.extend(commands)
 
     def write(self, kind: str, /, **data) -> None:
-        payload = _resp(b"XADD", self._key, b"*", b"type", kind.encode(), b"data", json.dumps(data).encode())
+        payload = resp_command(b"XADD", self._key, b"*", b"type", kind.encode(), b"data", json.dumps(data).encode())
         commands = 1
         if not self._expiry_set or kind in TERMINAL:
-            payload += _resp(b"EXPIRE", self._key, b"%d" % STREAM_TTL_SECONDS)
+            payload += resp_command(b"EXPIRE", self._key, b"%d" % STREAM_TTL_SECONDS)
             commands = 2
+        if kind in TERMINAL and self._with_terminal:
+            # MULTI answers OK, each command QUEUED, EXEC the list of their replies.
+            payload = b"".join([resp_command(b"MULTI"), payload, *self._with_terminal, resp_command(b"EXEC")])
+            commands += len(self._with_terminal) + 2
+            self._with_terminal = []
         if self._connection is None:
             self._connection = self.client.connection_pool.get_connection()
         try:
@@ -118,8 +131,12 @@ class PipelinedStreamWriter(StreamWriter):
     def flush(self) -> None:
         try:
             while self._pending:
-                self._connection.read_response()
+                reply = self._connection.read_response()
                 self._pending -= 1
+                if isinstance(reply, list):  # EXEC's: an error inside is returned, not raised
+                    for item in reply:
+                        if isinstance(item, Exception):
+                            raise item
         except BaseException:
             self._drop()
             raise

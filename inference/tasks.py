@@ -214,7 +214,21 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
     result = run_routed(request_id, payload)
     if result.get("status") == "handed_over":
         return self.replace(generate_routed.signature((request_id, result["payload"]), queue=result["queue"]))
+    _ledger_drain_after(request_id)
     return result
+
+
+def _ledger_drain_after(request_id: str) -> None:
+    """Store the ledger rows queued so far (this request's, usually alone; one batch at
+    most, so that a backlog never holds this task up for long), now that its reader has the
+    answer; before the task's ``link`` runs, so that what follows the answer finds the row.
+    A failure leaves the rows queued for the beat's drain."""
+    from billing import ledger
+
+    try:
+        ledger.drain(max_batches=1)
+    except Exception:
+        logger.exception("ledger rows could not be stored after request %s; the beat's drain retries", request_id)
 
 
 @task_failure.connect
@@ -234,13 +248,16 @@ def _end_stream_of_lost_generation(sender=None, task_id=None, exception=None, ar
     else:
         return
     if name == generate_routed.name and len(args) > 1:
-        # Before the stream's end, so that whoever sees the end finds the row.
-        from inference.execution import ledger_write_lost
+        # The terminal event and the ledger row (the tokens its stream holds) together.
+        from billing import ledger
+        from inference.execution import lost_generation_end
 
         try:
-            ledger_write_lost(args[0], args[1], reason)
-        except Exception:  # the stream must still end; a ledger failure is logged, not raised
-            logger.exception("the ledger row of lost generation %s could not be written", args[0])
+            lost_generation_end(args[0], args[1], reason)
+            ledger.drain()
+            return
+        except Exception:  # the stream must still end; the row's failure is logged, not raised
+            logger.exception("the ledger row of lost generation %s could not be queued or stored", args[0])
     writer = StreamWriter(args[0])
     if writer.history()[1] not in TERMINAL:
         writer.write("error", field=None, kind="worker_lost", message=f"{reason}; the request was not retried")

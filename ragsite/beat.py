@@ -21,4 +21,10 @@ BEAT_SCHEDULE = {
         "schedule": 60.0,
         "options": {"expires": 60},
     },
+    # Stores queued usage-ledger rows that no generation task stored (billing/ledger.py).
+    "ledger-drain": {
+        "task": "billing.tasks.ledger_drain",
+        "schedule": 15.0,
+        "options": {"expires": 15},
+    },
 }

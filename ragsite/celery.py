@@ -38,6 +38,7 @@ TASK_ROUTES = {
     # Canary analysis is a short database job: it must not wait behind generations on gpu.
     "inference.tasks.canary_analyse": {"queue": Queue.DEFAULT.value},
     "inference.tasks.*": {"queue": Queue.GPU.value},
+    "billing.tasks.*": {"queue": Queue.DEFAULT.value},
     "*": {"queue": Queue.DEFAULT.value},
 }
 

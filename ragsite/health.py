@@ -95,7 +95,18 @@ def readiness_summary() -> dict:
         "checks": {"database": database, "redis": redis_status, "queues": queues},
         # Informational: beat being down delays periodic work but does not block requests.
         "beat_last_seen": _beat_last_seen() if redis_status["ok"] else None,
+        # Informational: usage rows waiting to be stored, and rows PostgreSQL refused (docs/operations.md).
+        "ledger": _ledger_backlog() if redis_status["ok"] else None,
     }
+
+
+def _ledger_backlog() -> dict | None:
+    from billing import ledger
+
+    try:
+        return ledger.backlog(redis_client())
+    except redis.RedisError:
+        return None
 
 
 @never_cache

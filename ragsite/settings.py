@@ -164,6 +164,10 @@ UPSTREAM_KEY_COOLDOWN_MAX_S = env_float("UPSTREAM_KEY_COOLDOWN_MAX_S", 60.0, min
 # transaction mode).
 ROUTER_PREPARED_STATEMENTS = env_bool("ROUTER_PREPARED_STATEMENTS", True)
 
+# The usage ledger's outbox (billing/ledger.py): how long a row read by a drainer may stay
+# unacknowledged before the beat's drain (every 15 s) takes it over.
+LEDGER_CLAIM_IDLE_S = env_float("LEDGER_CLAIM_IDLE_S", 60.0, minimum=1.0)
+
 # How long /readyz waits for workers to answer a broadcast ping.
 READYZ_WORKER_TIMEOUT = env_float("READYZ_WORKER_TIMEOUT", 1.0, minimum=0.05)
 

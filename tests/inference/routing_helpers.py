@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 
+from billing import ledger
 from billing.models import UsageRecord
 from inference import router
 from inference.execution import run_routed
@@ -65,11 +66,13 @@ def events_of(request_id: str, block_ms: int = 30000) -> list[tuple[str, dict]]:
 
 
 def routed(route: Route, prompt: str = PROMPT, **fields) -> tuple[dict, list[tuple[str, dict]], UsageRecord | None]:
-    """One request through ``run_routed`` here: its result, its stream's events, its ledger row."""
+    """One request through ``run_routed`` here, then the ledger's drain, as the task does:
+    its result, its stream's events, its ledger row."""
     request_id = uuid.uuid4().hex
     result = run_routed(request_id, payload(route, prompt, **fields))
     if result["status"] == "handed_over":
         return result, [], None
+    ledger.drain()
     return result, events_of(request_id), UsageRecord.objects.get(request_id=request_id)
 
 

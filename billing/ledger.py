@@ -1,0 +1,189 @@
+"""Writing the usage ledger: appended on the request path, stored off it.
+
+A generation's ledger row is appended to the Redis stream ``ledger:outbox`` in the same
+``MULTI``/``EXEC`` as its stream's terminal event (``inference.streams``): one round trip
+the worker makes anyway, and atomic with it, so a stream that ended always has its row
+queued, and a row is never queued for a stream that did not end. PostgreSQL gets the rows
+from ``drain``, after the reader already has its answer:
+
+- ``inference.tasks.generate_routed`` drains right after its request (the row is usually
+  in the table a millisecond after the answer ends, before the task's ``link`` runs);
+- the beat task ``billing.tasks.ledger_drain`` drains every 15 s and takes over rows that
+  a drainer read but never stored (it died, or PostgreSQL was down), once they have been
+  pending ``LEDGER_CLAIM_IDLE_S``.
+
+Exactly once: drainers read through the consumer group ``ledger-writers`` (each entry goes
+to one of them), a batch is one ``INSERT ... ON CONFLICT (request_id) DO NOTHING`` (a row
+stored twice, after a drainer died between the commit and its ``XACK``, is skipped), and
+entries are acknowledged and deleted only after the commit. The same statement counts each
+upstream key's successes from the rows it actually inserted, so a redelivered row never
+counts twice. A row PostgreSQL refuses (a violated constraint: a bug) is moved to the stream
+``ledger:rejected`` with the reason, and logged; the rest of its batch is stored.
+
+Why not an INSERT on the request path: it cost 1.1-1.6 ms of the router's 2 ms budget
+(``benchmarks/router_overhead.py``), on every request, for a row nobody reads for seconds.
+Durability: the outbox is as durable as the Celery queue in the same Redis (append-only
+file, fsync every second; docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import socket
+
+import redis
+from django.db import DataError, IntegrityError, connection
+
+from billing.models import UsageRecord
+from inference.streams import redis_client, resp_command
+
+logger = logging.getLogger(__name__)
+
+OUTBOX = "ledger:outbox"
+REJECTED = "ledger:rejected"
+GROUP = "ledger-writers"
+BATCH = 500
+
+
+def outbox_command(row: dict) -> bytes:
+    """The ``XADD`` that queues ``row`` (``UsageRecord`` attnames to JSON values), in the
+    Redis protocol, for a pipelined writer to send with the stream's terminal event."""
+    return resp_command(b"XADD", OUTBOX.encode(), b"*", b"row", json.dumps(row).encode())
+
+
+def append(row: dict, client: redis.Redis | None = None) -> None:
+    """Queue one row on its own (paths that have no pipelined writer)."""
+    (client or redis_client()).xadd(OUTBOX, {"row": json.dumps(row)})
+
+
+# --------------------------------------------------------------------------- draining
+
+
+@functools.cache
+def _columns() -> tuple[str, ...]:
+    return tuple(field.column for field in UsageRecord._meta.concrete_fields if not field.primary_key)
+
+
+def _insert_sql() -> str:
+    """One batch: rows from a JSON array (PostgreSQL types each value by its column), the
+    new ones inserted, and each key's successes among those counted onto the key. A
+    success resets the key's consecutive failures unless a failure came after it."""
+    columns = ", ".join(connection.ops.quote_name(column) for column in _columns())
+    return f"""
+WITH inserted AS (
+    INSERT INTO billing_usagerecord ({columns})
+    SELECT {columns} FROM jsonb_populate_recordset(NULL::billing_usagerecord, %s::jsonb)
+    ON CONFLICT (request_id) DO NOTHING
+    RETURNING request_id, upstream_key_id, status, created_at
+), successes AS (
+    SELECT upstream_key_id, count(*) AS n, max(created_at) AS last_at FROM inserted
+    WHERE status = 'ok' AND upstream_key_id IS NOT NULL GROUP BY upstream_key_id
+), counted AS (
+    UPDATE inference_upstreamkey k SET
+        success_count = k.success_count + s.n,
+        consecutive_failures = CASE
+            WHEN k.last_failure_at IS NULL OR k.last_failure_at < s.last_at THEN 0
+            ELSE k.consecutive_failures END
+    FROM successes s WHERE k.id = s.upstream_key_id
+    RETURNING k.id
+)
+SELECT request_id::text FROM inserted
+"""  # noqa: S608 (column names from the model; the rows are one bound parameter)
+
+
+def _store(rows: list[dict]) -> set[str]:
+    """Insert a batch in one statement (one transaction); the request ids inserted now."""
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_sql(), [json.dumps(rows)])
+        return {request_id for (request_id,) in cursor.fetchall()}
+
+
+# What PostgreSQL answers to a row it refuses (a violated constraint, a value of the wrong
+# type): the row is at fault, not the database, and retrying it would block the queue.
+REFUSED = (IntegrityError, DataError)
+
+
+def _store_each(entries: list[tuple[bytes, dict]], client: redis.Redis) -> int:
+    """A batch PostgreSQL refused: row by row, each refused row set aside with its reason."""
+    inserted = 0
+    for entry_id, row in entries:
+        try:
+            inserted += len(_store([row]))
+        except REFUSED as exc:
+            reason = f"{type(exc).__name__}: {exc}".strip()
+            logger.error(
+                "ledger row %s refused by PostgreSQL, set aside in %s: %s", row.get("request_id"), REJECTED, reason
+            )
+            client.xadd(REJECTED, {"row": json.dumps(row), "reason": reason, "entry": entry_id})
+    return inserted
+
+
+def _consumer() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _ensure_group(client: redis.Redis) -> None:
+    try:
+        client.xgroup_create(OUTBOX, GROUP, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def _read(client: redis.Redis, *, claim_idle_ms: int | None, count: int) -> list[tuple[bytes, dict]]:
+    """Entries for this consumer: first those pending longer than ``claim_idle_ms`` with
+    any consumer (when given), then new ones."""
+    consumer = _consumer()
+    for _ in range(2):
+        try:
+            if claim_idle_ms is not None:
+                claimed = client.xautoclaim(OUTBOX, GROUP, consumer, min_idle_time=claim_idle_ms, count=count)[1]
+                entries = [(entry_id, fields) for entry_id, fields in claimed if fields]
+                if entries:
+                    return entries
+            read = client.xreadgroup(GROUP, consumer, {OUTBOX: ">"}, count=count)
+            return [(entry_id, fields) for _, items in read for entry_id, fields in items]
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            _ensure_group(client)  # first use, or the stream was deleted
+    return []
+
+
+def drain(*, claim_idle_ms: int | None = None, batch: int = BATCH, max_batches: int | None = None) -> int:
+    """Store queued ledger rows in PostgreSQL until none is left (or ``max_batches``);
+    returns how many were inserted now. ``claim_idle_ms``: also take over entries another
+    drainer read that long ago and never acknowledged (the beat task; 0 in tests). A
+    database error leaves the batch pending, to be claimed later, and is raised."""
+    client = redis_client()
+    inserted, batches = 0, 0
+    while max_batches is None or batches < max_batches:
+        entries = _read(client, claim_idle_ms=claim_idle_ms, count=batch)
+        if not entries:
+            break
+        batches += 1
+        parsed = [(entry_id, json.loads(fields[b"row"])) for entry_id, fields in entries]
+        try:
+            inserted += len(_store([row for _, row in parsed]))
+        except REFUSED:  # find the refused row, store the others
+            inserted += _store_each(parsed, client)
+        ids = [entry_id for entry_id, _ in entries]
+        pipe = client.pipeline(transaction=False)
+        pipe.xack(OUTBOX, GROUP, *ids)
+        pipe.xdel(OUTBOX, *ids)
+        pipe.execute()
+    return inserted
+
+
+def backlog(client: redis.Redis | None = None) -> dict:
+    """Rows waiting (queued and read but not stored) and rows refused, for /readyz and
+    operators."""
+    client = client or redis_client()
+    pipe = client.pipeline(transaction=False)
+    pipe.xlen(OUTBOX)
+    pipe.xlen(REJECTED)
+    queued, rejected = pipe.execute()
+    return {"queued": queued, "rejected": rejected}

@@ -1,0 +1,153 @@
+"""The usage ledger's outbox (billing/ledger.py) on real Redis and PostgreSQL: a routed
+request queues its row with its stream's terminal event, the drain stores each row exactly
+once (a drainer that died before acknowledging, a database that was down, a row PostgreSQL
+refuses), and a key's successes are counted from the rows actually stored.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from django.db import OperationalError
+
+from billing import ledger
+from billing.models import UsageRecord
+from inference.execution import run_routed
+from inference.streams import redis_client, stream_events
+from tests.inference.routing_helpers import WORDS, key_make, payload, provider_make, route_make
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def outbox():
+    """An empty outbox (rows other tests left queued would be drained here)."""
+    client = redis_client()
+    ledger.drain(claim_idle_ms=0)
+    client.delete(ledger.OUTBOX, ledger.REJECTED)
+    yield client
+    client.delete(ledger.OUTBOX, ledger.REJECTED)
+
+
+def request(route) -> tuple[str, dict]:
+    request_id = uuid.uuid4().hex
+    return request_id, run_routed(request_id, payload(route))
+
+
+def test_the_row_is_queued_with_the_terminal_event_and_stored_by_the_drain(upstream_server, outbox):
+    provider = provider_make(upstream_server)
+    key, _ = key_make(provider)
+    route = route_make(provider)
+
+    request_id, result = request(route)
+
+    assert result["status"] == "ok"
+    kinds = [kind for _, kind, _ in stream_events(request_id)]
+    assert kinds == ["delta"] * len(WORDS) + ["stats"]
+    # Queued, not stored: the request's path never waited for PostgreSQL's insert.
+    assert outbox.xlen(ledger.OUTBOX) == 1
+    assert not UsageRecord.objects.filter(request_id=request_id).exists()
+    key.refresh_from_db()
+    assert key.success_count == 0
+
+    assert ledger.drain() == 1
+
+    row = UsageRecord.objects.get(request_id=request_id)
+    assert (row.status, row.route_id, row.provider_id, row.upstream_key_id) == ("ok", route.id, provider.id, key.id)
+    assert (row.completion_tokens, row.attempts, row.error_class, row.arm) == (len(WORDS), 1, "", "")
+    assert row.prompt_tokens > 0 and row.latency_ms > 0 and row.ttft_ms is not None
+    assert row.created_at.utcoffset().total_seconds() == 0
+    key.refresh_from_db()
+    assert (key.success_count, key.consecutive_failures) == (1, 0)
+    assert outbox.xlen(ledger.OUTBOX) == 0
+    assert ledger.drain() == 0
+
+
+def test_a_row_stored_by_a_drainer_that_died_before_acknowledging_is_not_stored_or_counted_twice(
+    upstream_server, outbox
+):
+    provider = provider_make(upstream_server)
+    key, _ = key_make(provider)
+    route = route_make(provider)
+    request_id, _ = request(route)
+
+    # A drainer reads the entry, commits the row, and dies before XACK.
+    ledger._ensure_group(outbox)
+    read = outbox.xreadgroup(ledger.GROUP, "dead-drainer", {ledger.OUTBOX: ">"}, count=10)
+    entries = read[0][1]
+    assert len(entries) == 1
+    assert ledger._store([json.loads(entries[0][1][b"row"])]) == {str(uuid.UUID(request_id))}
+
+    # Another drainer without claiming sees nothing new; the beat's claim takes it over.
+    assert ledger.drain() == 0
+    assert outbox.xpending(ledger.OUTBOX, ledger.GROUP)["pending"] == 1
+    assert ledger.drain(claim_idle_ms=0) == 0
+
+    assert UsageRecord.objects.filter(request_id=request_id).count() == 1
+    key.refresh_from_db()
+    assert key.success_count == 1
+    assert outbox.xpending(ledger.OUTBOX, ledger.GROUP)["pending"] == 0
+    assert outbox.xlen(ledger.OUTBOX) == 0
+
+
+def test_rows_wait_in_the_outbox_while_the_database_is_down(upstream_server, outbox, monkeypatch):
+    provider = provider_make(upstream_server)
+    key_make(provider)
+    route = route_make(provider)
+    request_ids = [request(route)[0] for _ in range(3)]
+
+    def database_down(rows):
+        raise OperationalError("connection to server on socket failed: No such file or directory")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ledger, "_store", database_down)
+        with pytest.raises(OperationalError):
+            ledger.drain()
+
+    assert not UsageRecord.objects.filter(request_id__in=request_ids).exists()
+    assert outbox.xpending(ledger.OUTBOX, ledger.GROUP)["pending"] == 3
+    assert ledger.drain() == 0  # read by the failed drainer: only a claim takes them over
+    assert ledger.drain(claim_idle_ms=0) == 3
+    assert UsageRecord.objects.filter(request_id__in=request_ids).count() == 3
+    assert outbox.xlen(ledger.OUTBOX) == 0
+
+
+def test_a_row_postgresql_refuses_is_set_aside_with_its_reason_and_the_others_are_stored(
+    upstream_server, outbox, client
+):
+    provider = provider_make(upstream_server)
+    key_make(provider)
+    route = route_make(provider)
+    good_ids = [request(route)[0] for _ in range(2)]
+    # A third row like the others but with a negative token count (what only a bug would send).
+    ((_, fields),) = outbox.xrange(ledger.OUTBOX, count=1)
+    bad_id = uuid.uuid4().hex
+    ledger.append({**json.loads(fields[b"row"]), "request_id": bad_id, "prompt_tokens": -5})
+
+    assert ledger.drain() == 2
+
+    assert UsageRecord.objects.filter(request_id__in=good_ids).count() == 2
+    assert not UsageRecord.objects.filter(request_id=bad_id).exists()
+    ((_, fields),) = outbox.xrange(ledger.REJECTED)
+    assert json.loads(fields[b"row"])["request_id"] == bad_id
+    assert 'violates check constraint "billing_usagerecord_prompt_tokens' in fields[b"reason"].decode()
+    assert ledger.backlog() == {"queued": 0, "rejected": 1}
+    assert client.get("/readyz").json()["ledger"] == {"queued": 0, "rejected": 1}  # where operators look
+
+
+def test_a_success_stored_after_a_later_failure_keeps_the_failure_count(upstream_server, outbox):
+    provider = provider_make(upstream_server)
+    key, _ = key_make(provider)
+    route = route_make(provider)
+    request(route)  # succeeds; its row is still queued
+    # Then the key fails (after the success), before the drain stores the success.
+    from inference import keypool
+
+    keypool.report_failure(key.id, kind="server_error", message="HTTP 500", provider_name=provider.name)
+
+    assert ledger.drain() == 1
+
+    key.refresh_from_db()
+    assert (key.success_count, key.consecutive_failures, key.failure_count) == (1, 1, 1)
