@@ -347,3 +347,22 @@ class CanaryEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.release_id} {self.action} at {self.created_at:%Y-%m-%d %H:%M:%S}"
+
+
+class RoutingVersion(models.Model):
+    """One row whose ``version`` changes whenever what a plan reads changes: providers,
+    routes and their fallbacks, canary releases, and whether an upstream key can be used
+    (its status or cooldown; not the bookkeeping every request writes). PostgreSQL triggers
+    set it (migration 0002), so every writer counts: the admin, ``QuerySet.update``, the key
+    pool, plain SQL. ``inference.router`` keeps its resolved routes per process and asks only
+    for this number on each request. Values come from a sequence: they never repeat, even
+    after the table is emptied."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    version = models.BigIntegerField()
+
+    class Meta:
+        db_table = "inference_routingversion"
+
+    def __str__(self) -> str:
+        return f"routing version {self.version}"
