@@ -360,13 +360,14 @@ def _client_for(endpoint: RemoteEndpoint) -> openai.OpenAI:
 class _Watch:
     """One call's deadline, and the socket to shut down when it passes."""
 
-    __slots__ = ("deadline", "done", "expired", "socket")
+    __slots__ = ("deadline", "done", "drain", "expired", "socket")
 
     def __init__(self, deadline: float):
         self.deadline = deadline
         self.socket: socket.socket | None = None
         self.expired = False
         self.done = False
+        self.drain = False  # read the rest of the body on close, to keep the connection
 
 
 class _Watchdog:
@@ -387,6 +388,10 @@ class _Watchdog:
         self.sequence = itertools.count()
         self.live = 0
         self.pid: int | None = None
+        # When the thread wakes next on its own (inf: only when notified). A new deadline
+        # after it needs no wake-up: the thread will find it then. Calls come far more often
+        # than deadlines pass, so most add no thread switch to the call.
+        self.wakes_at = math.inf
 
     def watch(self, deadline: float) -> _Watch:
         watch = _Watch(deadline)
@@ -424,7 +429,8 @@ class _Watchdog:
 
     def _push(self, watch: _Watch) -> None:
         heapq.heappush(self.heap, (watch.deadline, next(self.sequence), watch))
-        if self.heap[0][2] is watch:
+        if watch.deadline < self.wakes_at:
+            self.wakes_at = watch.deadline
             self.wake.notify()
 
     @staticmethod
@@ -439,11 +445,13 @@ class _Watchdog:
                 while self.heap and (self.heap[0][2].done or self.heap[0][0] != self.heap[0][2].deadline):
                     heapq.heappop(self.heap)  # finished, or moved to a later deadline
                 if not self.heap:
+                    self.wakes_at = math.inf
                     self.wake.wait()
                     continue
                 deadline, _, watch = self.heap[0]
                 left = deadline - time.monotonic()
                 if left > 0:
+                    self.wakes_at = deadline
                     self.wake.wait(left)
                     continue
                 heapq.heappop(self.heap)
@@ -465,17 +473,42 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# At most this much of a body is read after the SDK stopped at ``[DONE]`` (see _WatchedStream).
+DRAIN_BYTES = 64 * 1024
+
+
 class _WatchedStream(httpx2.SyncByteStream):
+    """The response body, with the call's watch.
+
+    The ``openai`` SDK stops reading a stream at ``data: [DONE]`` and closes the response,
+    before the end of the chunked body that follows it: httpx then closes the connection
+    instead of keeping it, and every streamed call pays a new TCP (and, to a hosted API, TLS)
+    connection. When the call ended well (``watch.drain``), the rest of the body, normally
+    the 5 bytes that end it, is read first (at most ``DRAIN_BYTES``, within the call's
+    deadline: the watch still guards the read), and the connection goes back to the pool."""
+
     def __init__(self, stream: httpx2.SyncByteStream, watch: _Watch):
         self.stream = stream
         self.watch = watch
+        self.chunks: Iterator[bytes] | None = None
 
     def __iter__(self) -> Iterator[bytes]:
-        yield from self.stream
+        self.chunks = iter(self.stream)
+        yield from self.chunks
 
     def close(self) -> None:
-        _watchdog.finish(self.watch)  # before the connection is released
-        self.stream.close()
+        try:
+            if self.watch.drain and self.chunks is not None and not self.watch.expired:
+                read = 0
+                for chunk in self.chunks:
+                    read += len(chunk)
+                    if read > DRAIN_BYTES:
+                        break
+        except Exception:  # noqa: S110 (the connection is closed below instead of kept)
+            pass
+        finally:
+            _watchdog.finish(self.watch)  # before the connection is released
+            self.stream.close()
 
 
 class _WatchedTransport(httpx2.HTTPTransport):
@@ -567,6 +600,7 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
                         yield text
                     if choice.finish_reason:
                         finish_reason = choice.finish_reason
+                        watch.drain = True  # a complete answer: keep the connection (_WatchedStream)
         except UpstreamError:
             raise
         except Exception as exc:
@@ -574,9 +608,9 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
                 raise deadline_error() from None
             raise _classify(exc, phase, endpoint, tokens_sent) from None
     finally:
-        _watchdog.finish(watch)
         if stream is not None:
-            stream.close()  # a stream left early: the connection is closed, not reused
+            stream.close()  # after a failure, or a stream left early, the connection is closed, not reused
+        _watchdog.finish(watch)
 
     if finish_reason is None:
         raise UpstreamError(

@@ -221,6 +221,9 @@ class ClientGone(Exception):
 class Handler(BaseHTTPRequestHandler):
     # HTTP/1.1 for chunked streams; every response carries Content-Length or is chunked.
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as serving stacks set it (uvicorn, vLLM): without it, on a kept
+    # connection each small chunk after the first waits for the client's delayed ACK (40 ms).
+    disable_nagle_algorithm = True
 
     def log_message(self, format, *args):  # keep test output quiet
         pass
@@ -308,6 +311,7 @@ class Handler(BaseHTTPRequestHandler):
             "key": key[-4:],
             "model": body.get("model"),
             "time": time.time(),
+            "client_port": self.client_address[1],  # which connection: a kept one repeats its port
             "finished": None,
             "step": step,
             "outcome": None,

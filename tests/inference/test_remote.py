@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 import openai
 import pytest
 
+from inference import remote
 from inference.engine.speculative import GenerationError
 from inference.remote import (
     RemoteEndpoint,
@@ -267,6 +268,22 @@ def test_a_stream_cut_after_three_tokens_is_broken_after_exactly_three_deltas(en
     assert stats is None
     assert (error.kind, error.status, error.tokens_sent, error.retryable) == ("broken_stream", None, 3, True)
     assert upstream_log(upstream_server, api_key)[0]["outcome"] == "cut after 3 tokens"
+
+
+def test_a_complete_stream_keeps_its_connection_and_a_cut_one_does_not(endpoint, upstream_server, api_key, monkeypatch):
+    # A fresh connection pool, as in a new worker process.
+    monkeypatch.setattr(remote, "_http", {"client": None, "pid": None})
+    monkeypatch.setattr(remote, "_clients", type(remote._clients)())
+    upstream_script(upstream_server, api_key, ["ok", "ok", {"cut_after_tokens": 2}, "ok"])
+
+    outcomes = [run(endpoint, chat()) for _ in range(4)]
+
+    assert [error.kind if error else "ok" for _, _, error in outcomes] == ["ok", "ok", "broken_stream", "ok"]
+    ports = [entry["client_port"] for entry in upstream_log(upstream_server, api_key)]
+    # The SDK stops at [DONE]; the end of the body is read for it, and the connection reused.
+    assert ports[0] == ports[1] == ports[2]
+    # The cut connection was closed: the next request opens another.
+    assert ports[3] != ports[2]
 
 
 def test_a_stream_that_ends_without_a_finish_reason_is_broken(endpoint, upstream_server, api_key):
