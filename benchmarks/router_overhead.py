@@ -12,38 +12,56 @@ same bytes.
 
 Direct. One ``openai.OpenAI`` client created once, as a direct user would, with its
 retries off; one request = ``chat.completions.create(stream=True)`` and reading the stream
-to its end.
+to its end. The SDK stops reading at ``data: [DONE]`` and closes the response before the
+end of the chunked body, so httpx closes the connection: each of these requests opens a
+new one. Our remote backend reads those last bytes and keeps its connections
+(``inference.remote._WatchedStream``), so the comparison above gives the router that
+advantage. Hence a second direct client that keeps its connection too ("direct kept": the
+SDK's ``with_streaming_response``, reading the body's lines to the end, each chunk built
+into the SDK's ``ChatCompletionChunk`` by the function its stream uses): the same HTTP and
+parsing work as the routed side, so ``overhead_kept_p50_ms`` is the router's own cost.
+``connections`` counts the connections each side opened (the stand-in's log).
 
 Routed. What a worker does for a request, in this process, minus the broker hop (the same
 for any task, and not the router's): ``router.plan`` (the default route, and the arm of a
 live canary release on it: 10 % of 10,000-bucket HMAC arms, the canary route on its own
-provider and keys at the same server), ``router.check_available`` (the one-query key
-availability check that ``submit`` makes before enqueueing), ``router.payload_for``, then
-``inference.execution.run_routed``: the route, the least recently used of 3 keys (one
+provider and keys at the same server; the process's resolved route, checked against the
+routing version), ``router.check_available`` (answered by the plan), ``router.payload_for``,
+then ``inference.execution.run_routed``: the route, the least recently used of 3 keys (one
 ``UPDATE ... RETURNING``), the cached decrypted secret, the attempt through
 ``inference.remote`` (the shared SDK client for that key, the deadline thread), each delta
-written to the request's Redis stream, the key's success, the ``stats`` event and the ledger
-row (``UsageRecord``). Every routed request is checked to have streamed the same text.
+written to the request's Redis stream, then the ``stats`` event with the ledger row queued
+in the same ``MULTI``/``EXEC`` (``billing.ledger``). Every routed request is checked to
+have streamed the same text.
+
+Ledger. After each routed request, outside its timing, ``billing.ledger.drain`` stores the
+queued row (and the key's success) in PostgreSQL, as ``generate_routed`` does once its
+request has ended: ``ledger_store_p50_ms`` is that work, off the request's path. At the
+end, every request must have exactly one stored row.
 
 Breakdown. A separate pass of ``--breakdown`` routed requests, after the measured ones,
 times each part of the routed path (the plan; the route with its first key; the attempt,
-with the stream's events; the events alone; the ledger row with the key's success) by
+with the stream's events; the events alone, the terminal one with the queued ledger row) by
 wrapping the functions that do them: ``breakdown_p50_ms``, medians per part.
 
-Interleaving. After an untimed warm-up of both, the requests run in pairs, direct then
-routed or routed then direct, alternating, so that the machine's drift falls on both alike.
-``overhead_p50_ms`` and ``overhead_p99_ms`` are percentiles of the per-pair differences
-(routed minus direct of the same pair); ``p50_difference_ms`` is routed p50 minus direct
-p50, for comparison.
+Interleaving. After an untimed warm-up of each, the requests run in triples (direct,
+direct kept, routed), the order rotating from one triple to the next, so that the machine's
+drift falls on all alike. ``overhead_p50_ms`` and ``overhead_p99_ms`` are percentiles of
+the per-triple differences (routed minus direct of the same triple), ``overhead_kept_*``
+the same against direct kept; ``p50_difference_ms`` is routed p50 minus direct p50.
 
 Database. A database of its own, ``ragsite_bench_router``, on the project's PostgreSQL
 (``DATABASE_URL``, else the embedded server under ``var/``), created and migrated here and
-dropped at the end unless ``--keep``. Redis is the project's.
+dropped at the end unless ``--keep``. Redis is the project's server, database number
+``REDIS_DB`` (emptied first): the ledger's outbox and the streams here never meet a
+running system's.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import os
 import statistics
 import time
@@ -52,6 +70,7 @@ import uuid
 from benchmarks.common import django_setup, report
 
 DATABASE = "ragsite_bench_router"
+REDIS_DB = 15
 WORDS = "Lift rises with the angle of attack until the wing stalls near fifteen degrees".split()
 
 
@@ -80,6 +99,7 @@ def main() -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
     os.environ["DATABASE_URL"] = with_database(server, DATABASE)
+    os.environ["REDIS_URL"] = redis_database_url(REDIS_DB)
     django_setup()
 
     from django.core.management import call_command
@@ -99,11 +119,30 @@ def main() -> None:
     report("router_overhead", result)
 
 
+def redis_database_url(number: int) -> str:
+    """Database ``number`` of the project's Redis (the embedded server unless REDIS_URL), emptied."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import redis
+
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        from ragsite import embedded
+
+        url = embedded.redis_url()
+    url = urlunsplit(urlsplit(url)._replace(path=f"/{number}"))
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
 def run(args, base_url: str) -> dict:
     import openai
+    from openai._models import construct_type  # what openai.Stream builds each chunk with
+    from openai.types.chat import ChatCompletionChunk
 
+    from billing import ledger
     from billing.models import UsageRecord
-    from inference import execution, router
+    from inference import router
     from inference.execution import run_routed
     from inference.models import CanaryRelease, Provider, Route, UpstreamKey
 
@@ -138,17 +177,30 @@ def run(args, base_url: str) -> dict:
         text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
         return (time.perf_counter() - started) * 1000, text
 
+    kept_key = f"sk-bench-kept-{uuid.uuid4().hex}"
+    kept_client = openai.OpenAI(base_url=base_url, api_key=kept_key, max_retries=0)
+
+    def direct_kept() -> tuple[float, str]:
+        started = time.perf_counter()
+        text = []
+        with kept_client.chat.completions.with_streaming_response.create(
+            model="m",
+            messages=messages,
+            max_tokens=stable.max_tokens,
+            temperature=stable.temperature,
+            top_p=stable.top_p,
+            stream=True,
+            stream_options={"include_usage": True},
+        ) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    # Each chunk built as the SDK's stream builds it (its typed model).
+                    chunk = construct_type(type_=ChatCompletionChunk, value=json.loads(line[6:]))
+                    text.extend(choice.delta.content or "" for choice in chunk.choices)
+        return (time.perf_counter() - started) * 1000, "".join(text)
+
     arms = {"stable": 0, "canary": 0}
-    # The worker writes the ledger row after the stream's terminal event is in Redis: the
-    # moment ledger_write starts is when a reader has the whole answer.
-    answered = {}
-    ledger_write = execution.ledger_write
-
-    def ledger_write_timed(*args, **kwargs):
-        answered["at"] = time.perf_counter()
-        return ledger_write(*args, **kwargs)
-
-    execution.ledger_write = ledger_write_timed
+    stored_ms: list[float] = []
 
     def routed(number: int) -> tuple[float, str]:
         started = time.perf_counter()
@@ -159,41 +211,54 @@ def run(args, base_url: str) -> dict:
         if outcome["status"] != "ok":
             raise SystemExit(f"a routed request failed: {outcome['error']}")
         arms[plan.arm] += 1
-        routed_answered_ms.append((answered["at"] - started) * 1000)
+        drain_started = time.perf_counter()
+        if ledger.drain() != 1:
+            raise SystemExit(f"the ledger row of {plan.request_id} was not stored by the drain after it")
+        stored_ms.append((time.perf_counter() - drain_started) * 1000)
         return elapsed, outcome["text"]
-
-    routed_answered_ms: list[float] = []
 
     for number in range(args.warmup):
         direct()
+        direct_kept()
         routed(-1 - number)
 
     arms = {"stable": 0, "canary": 0}
-    routed_answered_ms.clear()
+    stored_ms.clear()
     direct_ms, routed_ms = [], []
+    kept_ms = []
     for number in range(args.requests):
-        if number % 2:
-            d, d_text = direct()
-            r, r_text = routed(number)
-        else:
-            r, r_text = routed(number)
-            d, d_text = direct()
-        if d_text != reply or r_text != reply:
-            raise SystemExit(f"the replies differ: direct {d_text!r}, routed {r_text!r}, expected {reply!r}")
-        direct_ms.append(d)
-        routed_ms.append(r)
+        sides = [("direct", direct), ("kept", direct_kept), ("routed", functools.partial(routed, number))]
+        timed = {}
+        for name, side in sides[number % 3 :] + sides[: number % 3]:
+            timed[name] = side()
+        texts = {name: text for name, (_, text) in timed.items()}
+        if set(texts.values()) != {reply}:
+            raise SystemExit(f"the replies differ: {texts}, expected {reply!r}")
+        direct_ms.append(timed["direct"][0])
+        kept_ms.append(timed["kept"][0])
+        routed_ms.append(timed["routed"][0])
 
-    answered_ms = list(routed_answered_ms)
+    store = list(stored_ms)
     breakdown = breakdown_pass(routed, args.breakdown)
-    execution.ledger_write = ledger_write
 
     differences = [r - d for r, d in zip(routed_ms, direct_ms, strict=True)]
-    to_answer = [r - d for r, d in zip(answered_ms, direct_ms, strict=True)]
+    kept_differences = [r - d for r, d in zip(routed_ms, kept_ms, strict=True)]
     rows = UsageRecord.objects.filter(status="ok").count()
     expected_rows = args.requests + args.warmup + args.breakdown
     if rows != expected_rows:
         raise SystemExit(f"expected {expected_rows} ledger rows, found {rows}")
     uses = sorted(UpstreamKey.objects.values_list("success_count", flat=True))
+    from tests.upstream_server import upstream_log
+
+    def opened(*secrets: str) -> int:
+        return len({(secret, entry["client_port"]) for secret in secrets for entry in upstream_log(base_url, secret)})
+
+    routed_secrets = [key.secret() for key in UpstreamKey.objects.all()]
+    connections = {
+        "direct": opened(client.api_key),
+        "direct_kept": opened(kept_key),
+        "routed": opened(*routed_secrets),
+    }
     return {
         "requests": args.requests,
         "reply_tokens": args.tokens,
@@ -201,11 +266,14 @@ def run(args, base_url: str) -> dict:
         "routed_p50_ms": round(statistics.median(routed_ms), 3),
         "overhead_p50_ms": round(statistics.median(differences), 3),
         "overhead_p99_ms": round(percentile(differences, 99), 3),
-        "overhead_method": "percentiles of per-pair differences (routed minus direct, same pair)",
-        # The same, up to the terminal event (what a reader waits for); the ledger row
-        # and the key's success count are written after it.
-        "answer_overhead_p50_ms": round(statistics.median(to_answer), 3),
-        "answer_overhead_p99_ms": round(percentile(to_answer, 99), 3),
+        "overhead_method": "percentiles of per-triple differences (routed minus direct, same triple)",
+        "direct_kept_p50_ms": round(statistics.median(kept_ms), 3),
+        "overhead_kept_p50_ms": round(statistics.median(kept_differences), 3),
+        "overhead_kept_p99_ms": round(percentile(kept_differences, 99), 3),
+        "connections": connections,
+        # Storing the queued ledger row, after the request (billing.ledger.drain).
+        "ledger_store_p50_ms": round(statistics.median(store), 3),
+        "ledger_store_p99_ms": round(percentile(store, 99), 3),
         "p50_difference_ms": round(statistics.median(routed_ms) - statistics.median(direct_ms), 3),
         "direct_p99_ms": round(percentile(direct_ms, 99), 3),
         "routed_p99_ms": round(percentile(routed_ms, 99), 3),
@@ -229,7 +297,6 @@ def breakdown_pass(routed, requests: int) -> dict:
         (execution.Routing, "attempt_remote", "attempt_with_events"),
         (streams.PipelinedStreamWriter, "write", "stream_events"),
         (streams.PipelinedStreamWriter, "flush", "stream_events"),
-        (execution, "ledger_write", "ledger_and_key_success"),
     ]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in wrapped]
 
