@@ -12,6 +12,10 @@ from ``drain``, after the reader already has its answer:
   a drainer read but never stored (it died, or PostgreSQL was down), once they have been
   pending ``LEDGER_CLAIM_IDLE_S``.
 
+Each row is priced when stored, at its own time (``created_at``, when the request ended):
+``billing.pricing``; the cost and the price used are stored with it, NULL when the model
+has no price.
+
 Exactly once: drainers read through the consumer group ``ledger-writers`` (each entry goes
 to one of them), a batch is one ``INSERT ... ON CONFLICT (request_id) DO NOTHING`` (a row
 stored twice, after a drainer died between the commit and its ``XACK``, is skipped), and
@@ -38,6 +42,7 @@ import redis
 from django.db import DataError, IntegrityError, connection
 
 from billing.models import UsageRecord
+from billing.pricing import PRICE_LATERAL
 from inference.streams import redis_client, resp_command
 
 logger = logging.getLogger(__name__)
@@ -68,14 +73,25 @@ def _columns() -> tuple[str, ...]:
 
 
 def _insert_sql() -> str:
-    """One batch: rows from a JSON array (PostgreSQL types each value by its column), the
-    new ones inserted, and each key's successes among those counted onto the key. A
-    success resets the key's consecutive failures unless a failure came after it."""
-    columns = ", ".join(connection.ops.quote_name(column) for column in _columns())
+    """One batch: rows from a JSON array (PostgreSQL types each value by its column), each
+    priced at its own time (``billing.pricing``: cost in ``numeric``, exact), the new ones
+    inserted, and each key's successes among those counted onto the key. A success resets
+    the key's consecutive failures unless a failure came after it."""
+    columns = _columns()
+    computed = {
+        "cost_usd": "COALESCE(r.cost_usd, (r.prompt_tokens * price.input_usd_per_million "
+        "+ r.completion_tokens * price.output_usd_per_million) / 1000000)",
+        "price_id": "CASE WHEN r.cost_usd IS NULL THEN price.id ELSE r.price_id END",
+    }
+    names = ", ".join(connection.ops.quote_name(column) for column in columns)
+    values = ", ".join(computed.get(column, f"r.{connection.ops.quote_name(column)}") for column in columns)
     return f"""
 WITH inserted AS (
-    INSERT INTO billing_usagerecord ({columns})
-    SELECT {columns} FROM jsonb_populate_recordset(NULL::billing_usagerecord, %s::jsonb)
+    INSERT INTO billing_usagerecord ({names})
+    SELECT {values}
+    FROM jsonb_populate_recordset(NULL::billing_usagerecord, %s::jsonb) r
+    LEFT JOIN inference_provider provider ON provider.id = r.provider_id
+    {PRICE_LATERAL}
     ON CONFLICT (request_id) DO NOTHING
     RETURNING request_id, upstream_key_id, status, created_at
 ), successes AS (

@@ -1,8 +1,11 @@
-"""The usage ledger: one row per generation (and, later, embedding) call, never updated.
+"""Billing: client API keys, prices, the usage ledger and budget alerts.
 
-Every generation ends in exactly one row, whatever happened (answered, failed, the client
-went away), written by the worker that ran it. The canary analysis reads the ledger; the
-cost dashboards will too. Cost columns are filled from prices in force at write time.
+The usage ledger has one row per generation (and embedding) call, never updated: every
+generation ends in exactly one row, whatever happened (answered, failed, the client went
+away), queued by the worker that ran it and stored by ``billing.ledger``. Its cost is
+computed when it is stored, from the price in force at the row's time (``Price``), in exact
+decimal arithmetic; a row whose model has no price keeps a NULL cost and is flagged, never
+counted as 0. The canary analysis and the cost dashboards read the ledger.
 """
 
 from __future__ import annotations
@@ -10,9 +13,116 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+# Costs are exact: a price has 6 decimals per million tokens, so a token costs at most 12
+# decimals of a dollar; sums of such values stay exact (no rounding anywhere).
+COST_DIGITS, COST_DECIMALS = 24, 12
+
+
+class Price(models.Model):
+    """What a model's tokens cost from ``effective_from`` on, until the model's next price.
+
+    ``model`` is the model name the ledger records (the provider's ``model``). ``local`` is
+    the internal price of the local GPU pool: it applies to any model served by a ``local``
+    provider that has no price of its own. A new price is a new row: the past keeps the
+    price it was computed with (each ledger row records which)."""
+
+    LOCAL_POOL = "local"
+
+    model = models.CharField(max_length=300, help_text="Model name as providers report it; 'local' for the GPU pool.")
+    input_usd_per_million = models.DecimalField(max_digits=12, decimal_places=6)
+    output_usd_per_million = models.DecimalField(max_digits=12, decimal_places=6)
+    effective_from = models.DateTimeField(default=timezone.now, help_text="UTC; the price applies from then on.")
+    note = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model", "-effective_from"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "effective_from"], name="price_model_from_unique"),
+            models.CheckConstraint(
+                condition=Q(input_usd_per_million__gte=0) & Q(output_usd_per_million__gte=0),
+                name="price_non_negative",
+            ),
+        ]
+        indexes = [models.Index(fields=["model", "-effective_from"], name="price_model_from")]
+
+    def __str__(self) -> str:
+        rates = f"${self.input_usd_per_million} in, ${self.output_usd_per_million} out per M tokens"
+        return f"{self.model}: {rates} from {self.effective_from:%Y-%m-%d}"
+
+
+class ClientKey(models.Model):
+    """An API key of a client of our REST and OpenAI-compatible APIs.
+
+    Shown once when created (``billing.client_keys.create``): ``rk_<prefix>_<secret>``.
+    Stored: the prefix (the lookup id), the SHA-256 of the whole key and its last four
+    characters; never the key. Limits: requests and tokens per minute (Redis, across web
+    processes) and a monthly budget in USD (``billing.limits``); None is unlimited."""
+
+    class Scope(models.TextChoices):
+        SEARCH = "search", "Search"
+        DOCUMENTS = "documents", "Documents"
+        GENERATE = "generate", "Generate"
+        ADMIN = "admin", "Admin"
+
+    workspace = models.ForeignKey("search.Workspace", on_delete=models.CASCADE, related_name="client_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    last_four = models.CharField(max_length=4, editable=False)
+    scopes = ArrayField(models.CharField(max_length=16, choices=Scope.choices), default=list, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="UTC; empty: never.")
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_reason = models.CharField(max_length=200, blank=True, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    monthly_budget_usd = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+
+    class Meta:
+        ordering = ["workspace", "name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(monthly_budget_usd__isnull=True) | Q(monthly_budget_usd__gte=0),
+                name="client_key_budget_non_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} (rk_{self.prefix}_…{self.last_four})"
+
+    @property
+    def masked(self) -> str:
+        return f"rk_{self.prefix}_…{self.last_four}"
+
+
+class BudgetAlert(models.Model):
+    """A client key's month reached 80 % or 100 % of its budget (once per threshold and month)."""
+
+    client_key = models.ForeignKey(ClientKey, on_delete=models.CASCADE, related_name="budget_alerts")
+    month = models.DateField(help_text="The first day of the month (UTC).")
+    threshold_percent = models.PositiveSmallIntegerField()
+    spent_usd = models.DecimalField(max_digits=COST_DIGITS, decimal_places=COST_DECIMALS)
+    budget_usd = models.DecimalField(max_digits=14, decimal_places=2)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["client_key", "month", "threshold_percent"], name="budget_alert_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.client_key}: {self.threshold_percent} % of {self.month:%Y-%m}"
 
 
 class UsageRecord(models.Model):
@@ -37,6 +147,7 @@ class UsageRecord(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    client_key = models.ForeignKey(ClientKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     # Where it went.
     route = models.ForeignKey("inference.Route", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     route_name = models.CharField(max_length=100, blank=True)
@@ -63,7 +174,9 @@ class UsageRecord(models.Model):
     ttft_ms = models.FloatField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices)
     error_class = models.CharField(max_length=32, blank=True)
-    cost_usd = models.DecimalField(max_digits=14, decimal_places=8, null=True, blank=True)
+    # From ``price`` (in force at ``created_at``) when stored; NULL when the model has no price.
+    cost_usd = models.DecimalField(max_digits=COST_DIGITS, decimal_places=COST_DECIMALS, null=True, blank=True)
+    price = models.ForeignKey(Price, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
 
     class Meta:
         ordering = ["-created_at"]
@@ -86,6 +199,7 @@ class UsageRecord(models.Model):
         indexes = [
             models.Index(fields=["created_at"], name="usage_created"),
             models.Index(fields=["release", "arm", "created_at"], name="usage_release_arm_time"),
+            models.Index(fields=["client_key", "created_at"], name="usage_client_key_time"),
         ]
 
     def __str__(self) -> str:

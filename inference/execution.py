@@ -576,6 +576,7 @@ def ledger_row(request_id: str, payload: dict, outcome: Outcome) -> dict:
         "kind": UsageRecord.Kind.GENERATION.value,
         "workspace_id": payload.get("workspace_id"),
         "user_id": payload.get("user_id"),
+        "client_key_id": payload.get("client_key_id"),
         "route_id": route.id,
         "route_name": route.name,
         "release_id": payload.get("release_id"),
@@ -594,7 +595,8 @@ def ledger_row(request_id: str, payload: dict, outcome: Outcome) -> dict:
         "ttft_ms": max(0.0, ttft) if ttft is not None else None,
         "status": (UsageRecord.Status.ERROR if outcome.error else UsageRecord.Status.OK).value,
         "error_class": (outcome.error or {}).get("kind") or "",
-        "cost_usd": None,
+        "cost_usd": None,  # priced when stored (billing.ledger)
+        "price_id": None,
     }
 
 

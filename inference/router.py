@@ -218,6 +218,7 @@ def payload_for(
     seed: int | None = None,
     workspace_id: int | None = None,
     user_id: int | None = None,
+    client_key_id: int | None = None,
 ) -> dict:
     """The task's payload: ids and the request, the route's defaults where the request is silent."""
     route = plan.route
@@ -234,6 +235,7 @@ def payload_for(
         "seed": seed,
         "workspace_id": workspace_id,
         "user_id": user_id,
+        "client_key_id": client_key_id,
     }
 
 

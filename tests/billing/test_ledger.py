@@ -6,17 +6,23 @@ refuses), and a key's successes are counted from the rows actually stored.
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
 import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
 
 import pytest
 from django.db import OperationalError
 
 from billing import ledger
-from billing.models import UsageRecord
+from billing.models import Price, UsageRecord
+from billing.pricing import cost_of
 from inference.execution import run_routed
-from inference.streams import redis_client, stream_events
+from inference.streams import redis_client, stream_events, stream_read
 from tests.inference.routing_helpers import WORDS, key_make, payload, provider_make, route_make
+from tests.upstream_server import upstream_script
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -151,3 +157,116 @@ def test_a_success_stored_after_a_later_failure_keeps_the_failure_count(upstream
 
     key.refresh_from_db()
     assert (key.success_count, key.consecutive_failures, key.failure_count) == (1, 1, 1)
+
+
+# --------------------------------------------------------------------------- costs
+
+
+def queued_row(outbox) -> dict:
+    ((_, fields),) = outbox.xrange(ledger.OUTBOX, count=1)
+    return json.loads(fields[b"row"])
+
+
+def test_each_row_is_priced_at_its_own_time_and_a_price_change_mid_month_splits_the_costs(upstream_server, outbox):
+    provider = provider_make(upstream_server, model=f"model-{uuid.uuid4().hex[:8]}")
+    key_make(provider)
+    route = route_make(provider)
+    old = Price.objects.create(
+        model=provider.model,
+        input_usd_per_million=Decimal("1.250000"),
+        output_usd_per_million=Decimal("3.500000"),
+        effective_from=datetime(2026, 11, 1, tzinfo=UTC),
+    )
+    new = Price.objects.create(
+        model=provider.model,
+        input_usd_per_million=Decimal("0.400000"),
+        output_usd_per_million=Decimal("1.600000"),
+        effective_from=datetime(2026, 11, 15, 12, tzinfo=UTC),
+    )
+    request(route)
+    row = queued_row(outbox)
+    outbox.delete(ledger.OUTBOX)
+    # The same request as if it had ended at four moments of the month.
+    moments = {
+        "before-any-price": datetime(2026, 10, 31, 23, 59, 59, tzinfo=UTC),
+        "old-price": datetime(2026, 11, 15, 11, 59, 59, 999999, tzinfo=UTC),
+        "new-price-starts": datetime(2026, 11, 15, 12, tzinfo=UTC),
+        "new-price": datetime(2026, 11, 30, 6, tzinfo=UTC),
+    }
+    ids = {}
+    for name, at in moments.items():
+        ids[name] = uuid.uuid4().hex
+        ledger.append({**row, "request_id": ids[name], "created_at": at.isoformat(), "prompt_tokens": 1234567})
+
+    assert ledger.drain() == 4
+
+    stored = {name: UsageRecord.objects.get(request_id=ids[name]) for name in moments}
+    completion = row["completion_tokens"]
+    assert completion == len(WORDS)
+    old_cost = (Decimal(1234567) * Decimal("1.25") + Decimal(completion) * Decimal("3.5")) / Decimal(1_000_000)
+    new_cost = (Decimal(1234567) * Decimal("0.4") + Decimal(completion) * Decimal("1.6")) / Decimal(1_000_000)
+    assert old_cost == Decimal("1.543247250")  # exact, no rounding anywhere
+    assert (stored["before-any-price"].cost_usd, stored["before-any-price"].price_id) == (None, None)
+    assert (stored["old-price"].cost_usd, stored["old-price"].price_id) == (old_cost, old.id)
+    assert (stored["new-price-starts"].cost_usd, stored["new-price-starts"].price_id) == (new_cost, new.id)
+    assert (stored["new-price"].cost_usd, stored["new-price"].price_id) == (new_cost, new.id)
+    assert cost_of(1234567, completion, old) == old_cost
+    # A later price change never rewrites the past.
+    Price.objects.create(
+        model=provider.model,
+        input_usd_per_million=Decimal("9"),
+        output_usd_per_million=Decimal("9"),
+        effective_from=datetime(2026, 11, 20, tzinfo=UTC),
+    )
+    assert UsageRecord.objects.get(request_id=ids["old-price"]).cost_usd == old_cost
+
+
+def test_a_model_without_a_price_keeps_no_cost_and_the_local_pool_has_its_own(upstream_server, outbox):
+    remote_provider = provider_make(upstream_server, model=f"unpriced-{uuid.uuid4().hex[:8]}")
+    key_make(remote_provider)
+    request(route_make(remote_provider))
+    row = queued_row(outbox)
+    local_provider = provider_make("", kind="local", model="tests/tiny-local")
+    pool = Price.objects.create(
+        model=Price.LOCAL_POOL,
+        input_usd_per_million=Decimal("0.02"),
+        output_usd_per_million=Decimal("0.10"),
+        effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    local_id = uuid.uuid4().hex
+    ledger.append(
+        {
+            **row,
+            "request_id": local_id,
+            "provider_id": local_provider.id,
+            "model": local_provider.model,
+            "upstream_key_id": None,
+            "prompt_tokens": 1000,
+            "completion_tokens": 500,
+        }
+    )
+
+    assert ledger.drain() == 2
+
+    unpriced = UsageRecord.objects.get(request_id=row["request_id"])
+    assert (unpriced.cost_usd, unpriced.price_id) == (None, None)
+    local = UsageRecord.objects.get(request_id=local_id)
+    assert (local.cost_usd, local.price_id) == (Decimal("0.00007"), pool.id)
+
+
+def test_a_reader_that_goes_away_does_not_stop_the_billing_of_what_was_produced(upstream_server, outbox):
+    provider = provider_make(upstream_server)
+    _, secret = key_make(provider)
+    route = route_make(provider)
+    request_id = uuid.uuid4().hex
+    upstream_script(upstream_server, secret, [{"token_delay_ms": 20}])
+    # The reader reads two deltas and leaves (its connection closed), mid-generation.
+    reader = threading.Thread(target=lambda: list(itertools.islice(stream_read(request_id, block_ms=10000), 2)))
+    reader.start()
+    result = run_routed(request_id, payload(route))
+    reader.join(timeout=30)
+    assert not reader.is_alive()
+    ledger.drain()
+
+    row = UsageRecord.objects.get(request_id=request_id)
+    assert (result["status"], row.status, row.completion_tokens) == ("ok", "ok", len(WORDS))

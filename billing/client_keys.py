@@ -1,0 +1,158 @@
+"""Client API keys: made, shown once, checked, revoked.
+
+A key reads ``rk_<prefix>_<secret>``: ``rk_`` says what it is (secret scanners and people
+recognise it), the 8-character prefix is the lookup id, the secret is 32 random bytes
+(URL-safe base64). Only the prefix, the SHA-256 of the whole key and its last four
+characters are stored. SHA-256 rather than a slow password hash: the key has 256 bits of
+entropy, so there is nothing to brute-force, and every API request checks one.
+
+``authenticate`` finds the row by prefix and compares hashes with ``hmac.compare_digest``
+(constant time); an unknown prefix is compared against a dummy hash too, so both failures
+take the same path. Every refusal is a ``ClientKeyError`` whose ``code`` and ``status`` the
+APIs turn into the one error shape ``{"error": {"code", "message"}}`` (``error_response``):
+401 for a missing, malformed, unknown, expired or revoked key, 403 for a key without the
+scope. ``last_used_at`` is written at most once a minute per key (a conditional UPDATE,
+sent only when the loaded value is older than that).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import string
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Q
+from django.http import JsonResponse
+from django.utils import timezone
+
+from billing.models import ClientKey
+
+KEY_PREFIX = "rk_"
+_PREFIX_ALPHABET = string.ascii_letters + string.digits
+_KEY_FORMAT = re.compile(r"^rk_([A-Za-z0-9]{8})_([A-Za-z0-9_-]{43})$")
+LAST_USED_EVERY = timedelta(minutes=1)
+# Compared against when the prefix is unknown, so that an unknown key costs what a wrong one does.
+_DUMMY_HASH = hashlib.sha256(b"rk_00000000_" + b"0" * 43).hexdigest()
+
+
+@dataclass
+class ClientKeyError(Exception):
+    code: str
+    message: str
+    status: int = 401
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create(
+    workspace,
+    name: str,
+    *,
+    scopes: list[str] | tuple[str, ...] = (),
+    expires_at: datetime | None = None,
+    created_by=None,
+    requests_per_minute: int | None = None,
+    tokens_per_minute: int | None = None,
+    monthly_budget_usd=None,
+) -> tuple[ClientKey, str]:
+    """A new key for ``workspace``: the row and the key itself, which is never stored and
+    must be shown to its owner now, once."""
+    unknown = sorted(set(scopes) - set(ClientKey.Scope.values))
+    if unknown:
+        raise ValueError(f"unknown scope(s) {', '.join(unknown)}; scopes are {', '.join(ClientKey.Scope.values)}")
+    key = ClientKey(
+        workspace=workspace,
+        name=name,
+        scopes=list(dict.fromkeys(scopes)),
+        expires_at=expires_at,
+        created_by=created_by,
+        requests_per_minute=requests_per_minute,
+        tokens_per_minute=tokens_per_minute,
+        monthly_budget_usd=monthly_budget_usd,
+    )
+    token = issue(key)
+    key.save()
+    return key, token
+
+
+def issue(key: ClientKey) -> str:
+    """Give an unsaved ``key`` its prefix, hash and last four; returns the key itself."""
+    prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(8))
+    while ClientKey.objects.filter(prefix=prefix).exists():  # 62^8 prefixes: practically never
+        prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(8))
+    token = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    key.prefix, key.secret_hash, key.last_four = prefix, _hash(token), token[-4:]
+    return token
+
+
+def authenticate(token: str | None, *, scope: str | None = None, now: datetime | None = None) -> ClientKey:
+    """The key's row, if ``token`` is a valid, unexpired, unrevoked key with ``scope``;
+    else ``ClientKeyError``. Records the use (at most once a minute)."""
+    now = now or timezone.now()
+    if not token:
+        raise ClientKeyError(
+            "missing_api_key", "No API key: send it as 'Authorization: Bearer rk_...' (create one in the admin)."
+        )
+    match = _KEY_FORMAT.match(token.strip())
+    key = ClientKey.objects.select_related("workspace").filter(prefix=match.group(1)).first() if match else None
+    expected = key.secret_hash if key is not None else _DUMMY_HASH
+    if not hmac.compare_digest(expected, _hash(token.strip())) or key is None:
+        raise ClientKeyError("invalid_api_key", "The API key is not valid: check that it was copied whole.")
+    if key.revoked_at is not None:
+        raise ClientKeyError(
+            "revoked_api_key", f"The API key {key.masked} was revoked on {key.revoked_at:%Y-%m-%d}: use another one."
+        )
+    if key.expires_at is not None and key.expires_at <= now:
+        raise ClientKeyError(
+            "expired_api_key", f"The API key {key.masked} expired on {key.expires_at:%Y-%m-%d %H:%M} UTC."
+        )
+    if scope is not None and scope not in key.scopes and ClientKey.Scope.ADMIN not in key.scopes:
+        raise ClientKeyError(
+            "insufficient_scope",
+            f"The API key {key.masked} does not have the '{scope}' scope (it has: {', '.join(key.scopes) or 'none'}).",
+            status=403,
+        )
+    _record_use(key, now)
+    return key
+
+
+def _record_use(key: ClientKey, now: datetime) -> None:
+    if key.last_used_at is not None and now - key.last_used_at < LAST_USED_EVERY:
+        return
+    fresh = Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - LAST_USED_EVERY)
+    ClientKey.objects.filter(fresh, pk=key.pk).update(last_used_at=now)
+    key.last_used_at = now
+
+
+def revoke(key: ClientKey, *, reason: str = "", now: datetime | None = None) -> None:
+    """Refuse the key from now on (kept for the ledger's sake, never deleted by this)."""
+    if key.revoked_at is None:
+        key.revoked_at = now or timezone.now()
+        key.revoked_reason = reason[:200]
+        ClientKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(
+            revoked_at=key.revoked_at, revoked_reason=key.revoked_reason
+        )
+
+
+def bearer_token(request) -> str | None:
+    """The key from ``Authorization: Bearer ...`` (the OpenAI SDK's way), if any."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() or None if scheme.lower() == "bearer" else None
+
+
+def error_response(error: ClientKeyError) -> JsonResponse:
+    """The APIs' error shape; 401s say how to authenticate (RFC 6750)."""
+    response = JsonResponse({"error": {"code": error.code, "message": error.message}}, status=error.status)
+    if error.status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="api"'
+    return response

@@ -1,0 +1,64 @@
+"""Prices and costs, in exact decimal arithmetic (``Decimal`` here, ``numeric`` in SQL).
+
+A row's price is the model's latest ``Price`` whose ``effective_from`` is at or before the
+row's time; for a model served by a ``local`` provider without a price of its own, the
+``local`` pool's price. No price: the cost is None (unknown), never 0.
+
+    cost = (prompt_tokens * input_usd_per_million + completion_tokens * output_usd_per_million) / 1,000,000
+
+exact to 12 decimals (prices have 6), the precision of ``UsageRecord.cost_usd``. The ledger
+computes the same expression in SQL when it stores a row (``billing.ledger``);
+``cost_of`` is the Python twin for reservations, estimates and tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from billing.models import Price
+
+MILLION = Decimal(1_000_000)
+
+
+@dataclass(frozen=True)
+class Cost:
+    usd: Decimal
+    price: Price
+
+
+def price_at(model: str, at: datetime, *, local: bool = False) -> Price | None:
+    """The price of ``model`` in force at ``at`` (the local pool's when ``local`` and the
+    model has none)."""
+    price = Price.objects.filter(model=model, effective_from__lte=at).order_by("-effective_from").first()
+    if price is None and local:
+        price = Price.objects.filter(model=Price.LOCAL_POOL, effective_from__lte=at).order_by("-effective_from").first()
+    return price
+
+
+def cost_of(prompt_tokens: int, completion_tokens: int, price: Price) -> Decimal:
+    return (
+        Decimal(prompt_tokens) * price.input_usd_per_million + Decimal(completion_tokens) * price.output_usd_per_million
+    ) / MILLION
+
+
+def cost_at(
+    model: str, at: datetime, prompt_tokens: int, completion_tokens: int, *, local: bool = False
+) -> Cost | None:
+    price = price_at(model, at, local=local)
+    return None if price is None else Cost(cost_of(prompt_tokens, completion_tokens, price), price)
+
+
+# The SQL twin, for ``billing.ledger``: the price of each stored row (``r``: its model, its
+# provider's kind, its time), as a LATERAL subquery.
+PRICE_LATERAL = """
+LEFT JOIN LATERAL (
+    SELECT price.id, price.input_usd_per_million, price.output_usd_per_million
+    FROM billing_price price
+    WHERE price.effective_from <= r.created_at
+      AND (price.model = r.model OR (price.model = 'local' AND provider.kind = 'local'))
+    ORDER BY (price.model = r.model) DESC, price.effective_from DESC
+    LIMIT 1
+) price ON true
+"""
