@@ -37,6 +37,8 @@ import json
 import logging
 import os
 import socket
+import uuid
+from datetime import UTC, datetime
 
 import redis
 from django.db import DataError, IntegrityError, connection
@@ -64,6 +66,59 @@ def append(row: dict, client: redis.Redis | None = None) -> None:
     (client or redis_client()).xadd(OUTBOX, {"row": json.dumps(row)})
 
 
+def append_many(rows: list[dict], client: redis.Redis | None = None) -> None:
+    """Queue several rows in one round trip."""
+    if rows:
+        pipe = (client or redis_client()).pipeline(transaction=False)
+        for row in rows:
+            pipe.xadd(OUTBOX, {"row": json.dumps(row)})
+        pipe.execute()
+
+
+def embedding_row(
+    *,
+    model: str,
+    tokens: int,
+    latency_ms: float,
+    workspace_id: int | None = None,
+    user_id: int | None = None,
+    client_key_id: int | None = None,
+    provider_name: str = "",
+    status: str = UsageRecord.Status.OK,
+    error_class: str = "",
+) -> dict:
+    """The ledger row of one embedding call (``kind`` embedding; its tokens are prompt
+    tokens), priced like any row by its model when stored."""
+    return {
+        "request_id": uuid.uuid4().hex,
+        "created_at": datetime.now(tz=UTC).isoformat(),
+        "kind": UsageRecord.Kind.EMBEDDING.value,
+        "workspace_id": workspace_id,
+        "user_id": user_id,
+        "client_key_id": client_key_id,
+        "route_id": None,
+        "route_name": "",
+        "release_id": None,
+        "arm": "",
+        "provider_id": None,
+        "provider_name": provider_name,
+        "model": model,
+        "upstream_key_id": None,
+        "prompt_tokens": tokens,
+        "completion_tokens": 0,
+        "draft_tokens_proposed": 0,
+        "draft_tokens_accepted": 0,
+        "usage_source": "counted",
+        "attempts": 1,
+        "latency_ms": max(0.0, latency_ms),
+        "ttft_ms": None,
+        "status": str(status),
+        "error_class": error_class,
+        "cost_usd": None,
+        "price_id": None,
+    }
+
+
 # --------------------------------------------------------------------------- draining
 
 
@@ -72,13 +127,27 @@ def _columns() -> tuple[str, ...]:
     return tuple(field.column for field in UsageRecord._meta.concrete_fields if not field.primary_key)
 
 
+def _existing(table: str, key: str, column: str) -> str:
+    """The row's ``column`` if ``table`` still has that ``key``, else NULL."""
+    return f"(SELECT t.{key} FROM {table} t WHERE t.{key} = r.{column})"  # noqa: S608 (names from the models)
+
+
 def _insert_sql() -> str:
     """One batch: rows from a JSON array (PostgreSQL types each value by its column), each
     priced at its own time (``billing.pricing``: cost in ``numeric``, exact), the new ones
     inserted, and each key's successes among those counted onto the key. A success resets
     the key's consecutive failures unless a failure came after it."""
     columns = _columns()
+    # A reference to a row deleted since the request (a route, a key, a workspace...) is
+    # stored as NULL, as the foreign key's SET_NULL would have done had the row been there
+    # first: the usage itself is kept (its names and figures are columns of its own).
+    dangling = {
+        field.column: _existing(field.related_model._meta.db_table, field.target_field.column, field.column)
+        for field in UsageRecord._meta.concrete_fields
+        if field.is_relation and field.column != "price_id"
+    }
     computed = {
+        **dangling,
         "cost_usd": "COALESCE(r.cost_usd, (r.prompt_tokens * price.input_usd_per_million "
         "+ r.completion_tokens * price.output_usd_per_million) / 1000000)",
         "price_id": "CASE WHEN r.cost_usd IS NULL THEN price.id ELSE r.price_id END",

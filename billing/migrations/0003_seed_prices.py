@@ -1,7 +1,8 @@
 """Starting prices, USD per million tokens, in force from 2025-01-01 (editable in the admin;
 a change is a new row with its own date). Output prices are the figures users quote;
 input prices are the providers' list prices at the time, to be checked by operators.
-``local`` is an internal price for the GPU pool (amortised hardware and power)."""
+``local`` is an internal price for the GPU pool (amortised hardware and power); the
+built-in embedding model is priced at 0 explicitly (a model without a price is flagged)."""
 
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -15,6 +16,7 @@ PRICES = [
     ("gpt-4.1", "2.00", "8.00", "GPT-4.1"),
     ("claude-sonnet-4-5", "3.00", "15.00", "Claude Sonnet 4.5"),
     ("local", "0.02", "0.10", "Local GPU pool (internal price: set it from your hardware and power costs)"),
+    ("all-MiniLM-L6-v2", "0", "0", "The built-in embedding model, on the workers' CPUs (set a price to count them)"),
 ]
 
 

@@ -226,11 +226,13 @@ def _embed_all(prepared: list[_Prepared], on_progress) -> None:
         for chunk in item.chunks:
             by_embedder.setdefault(item.embedder.name, []).append((item, chunk))
     done = 0
+    usage = _EmbeddingUsage()
     for pairs in by_embedder.values():
         embedder = pairs[0][0].embedder
         for start in range(0, len(pairs), EMBED_GROUP):
             group = pairs[start : start + EMBED_GROUP]
             failed: set[int] = set()
+            started = time.perf_counter()
             try:
                 vectors = embedder.embed_documents([embedding_input(item.title, chunk) for item, chunk in group])
             except EmbedderError as exc:
@@ -239,6 +241,7 @@ def _embed_all(prepared: list[_Prepared], on_progress) -> None:
                         failed.add(item.document.pk)
                         document_fail(item.document, str(exc))
                 continue
+            usage.add(group, (time.perf_counter() - started) * 1000)
             if vectors.shape != (len(group), embedder.dimensions):
                 raise IngestError(f"the embedder returned {vectors.shape} for {len(group)} chunks")
             touched: dict[int, _Prepared] = {}
@@ -249,6 +252,39 @@ def _embed_all(prepared: list[_Prepared], on_progress) -> None:
             done += len(group)
             if on_progress:
                 on_progress(done)
+    usage.record()
+
+
+class _EmbeddingUsage:
+    """One ledger row per document for its embedding calls: its chunks' tokens, and its
+    share of each call's time (by its chunks in the call). Recorded once the calls were
+    made, whatever happens to the document next: the work was done."""
+
+    def __init__(self):
+        self.per_document: dict[int, list] = {}  # pk -> [item, tokens, ms]
+
+    def add(self, group: list[tuple[_Prepared, TextChunk]], elapsed_ms: float) -> None:
+        for item, chunk in group:
+            entry = self.per_document.setdefault(item.document.pk, [item, 0, 0.0])
+            entry[1] += chunk.token_count
+            entry[2] += elapsed_ms / len(group)
+
+    def record(self) -> None:
+        from billing import ledger
+
+        rows = [
+            ledger.embedding_row(
+                model=item.embedder.name,
+                tokens=tokens,
+                latency_ms=ms,
+                workspace_id=item.document.collection.workspace_id,
+            )
+            for item, tokens, ms in self.per_document.values()
+        ]
+        try:
+            ledger.append_many(rows)
+        except Exception:  # the index must not fail over its bookkeeping; say so loudly
+            logger.exception("the embedding usage of %d documents could not be queued", len(rows))
 
 
 def _progress_update(embedded: dict[int, int]) -> None:

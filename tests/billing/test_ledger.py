@@ -270,3 +270,20 @@ def test_a_reader_that_goes_away_does_not_stop_the_billing_of_what_was_produced(
 
     row = UsageRecord.objects.get(request_id=request_id)
     assert (result["status"], row.status, row.completion_tokens) == ("ok", "ok", len(WORDS))
+
+
+def test_a_row_whose_route_and_key_were_deleted_meanwhile_is_kept_without_the_references(upstream_server, outbox):
+    provider = provider_make(upstream_server)
+    key_make(provider)
+    route = route_make(provider)
+    request_id, _ = request(route)
+    row = queued_row(outbox)
+    outbox.delete(ledger.OUTBOX)
+    ledger.append({**row, "route_id": 2**40, "upstream_key_id": 2**40, "workspace_id": 2**40})
+
+    assert ledger.drain() == 1
+
+    stored = UsageRecord.objects.get(request_id=request_id)
+    assert (stored.route_id, stored.upstream_key_id, stored.workspace_id) == (None, None, None)
+    assert (stored.route_name, stored.provider_id, stored.completion_tokens) == (route.name, provider.id, len(WORDS))
+    assert outbox.xlen(ledger.REJECTED) == 0

@@ -533,7 +533,8 @@ def test_a_source_larger_than_the_window_is_answered_by_map_reduce(workers, db, 
         assert tokens + entry["max_tokens"] + budget_for(route).margin <= 512
     assert seen[-1]["prompt_tokens"] + 64 <= 512
     # Every request is on the ledger: the maps under their own ids, the reduce under the answer's.
-    assert set(UsageRecord.objects.values_list("request_id", flat=True)) == {
+    generations = UsageRecord.objects.filter(kind=UsageRecord.Kind.GENERATION)
+    assert set(generations.values_list("request_id", flat=True)) == {
         uuid.UUID(item["request_id"]) for item in maps
     } | {answer.pk}
 

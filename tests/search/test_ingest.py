@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 from django.db import DataError, connection
 
+from billing import ledger
+from billing.models import UsageRecord
+from inference.streams import redis_client
 from search.ingest import pipeline
 from search.ingest.parsers import parse_document
 from search.models import Chunk, Collection, Document, TermStat
@@ -250,3 +253,23 @@ def test_bulk_ingestion_overlaps_writes_with_embedding_and_loses_nothing(monkeyp
     assert term_stats(collection) == recomputed_term_stats(collection)
     collection.refresh_from_db()
     assert collection.chunk_count == 5
+
+
+def test_embedding_calls_are_on_the_ledger_one_row_per_document(collection):
+    redis_client().delete(ledger.OUTBOX)  # rows other tests left are not this database's
+    handbook = ingest(collection, "handbook.md", HANDBOOK)
+    other = ingest(collection, "notes.txt", "Travel insurance covers lost luggage up to 1000 EUR per trip.")
+
+    assert ledger.drain() == 2
+
+    rows = {row.workspace_id: row for row in UsageRecord.objects.filter(kind=UsageRecord.Kind.EMBEDDING)}
+    assert list(rows) == [collection.workspace_id]
+    stored = UsageRecord.objects.filter(kind=UsageRecord.Kind.EMBEDDING).order_by("prompt_tokens")
+    expected = sorted(
+        sum(Chunk.objects.filter(document=document).values_list("token_count", flat=True))
+        for document in (handbook, other)
+    )
+    assert [row.prompt_tokens for row in stored] == expected
+    for row in stored:
+        assert (row.model, row.status, row.completion_tokens, row.latency_ms > 0) == ("all-MiniLM-L6-v2", "ok", 0, True)
+        assert row.cost_usd == 0 and row.price.model == "all-MiniLM-L6-v2"  # priced at 0, explicitly
