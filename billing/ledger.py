@@ -206,6 +206,33 @@ def _store_each(entries: list[tuple[bytes, dict]], client: redis.Redis) -> int:
     return inserted
 
 
+def _settle(rows: list[dict]) -> None:
+    """Settle the client-key admissions of stored rows (``billing.limits``): the reservation
+    replaced by the stored cost. Idempotent per reservation, so a row drained twice (a
+    drainer died before its XACK) settles once; a row that was refused is charged what was
+    reserved, the most it could have cost."""
+    if not rows:
+        return
+    from billing import limits
+
+    costs = dict(
+        UsageRecord.objects.filter(request_id__in=[row["request_id"] for row in rows]).values_list(
+            "request_id", "cost_usd"
+        )
+    )
+    costs = {request_id.hex: cost for request_id, cost in costs.items()}
+    for row in rows:
+        request_key = row["request_id"].replace("-", "")
+        try:
+            limits.settle(
+                limits.Admission.from_json(row["admission"]),
+                actual_cost_usd=costs.get(request_key),
+                actual_tokens=int(row.get("prompt_tokens") or 0) + int(row.get("completion_tokens") or 0),
+            )
+        except Exception:  # the row is stored; a settlement left undone expires (limits.reservation_ttl_s)
+            logger.exception("the admission of request %s could not be settled", row["request_id"])
+
+
 def _consumer() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -255,6 +282,7 @@ def drain(*, claim_idle_ms: int | None = None, batch: int = BATCH, max_batches: 
             inserted += len(_store([row for _, row in parsed]))
         except REFUSED:  # find the refused row, store the others
             inserted += _store_each(parsed, client)
+        _settle([row for _, row in parsed if row.get("admission")])
         ids = [entry_id for entry_id, _ in entries]
         pipe = client.pipeline(transaction=False)
         pipe.xack(OUTBOX, GROUP, *ids)

@@ -597,6 +597,8 @@ def ledger_row(request_id: str, payload: dict, outcome: Outcome) -> dict:
         "error_class": (outcome.error or {}).get("kind") or "",
         "cost_usd": None,  # priced when stored (billing.ledger)
         "price_id": None,
+        # Not a column: the client key's admission, settled when the row is stored (billing.limits).
+        "admission": payload.get("admission"),
     }
 
 

@@ -219,6 +219,7 @@ def payload_for(
     workspace_id: int | None = None,
     user_id: int | None = None,
     client_key_id: int | None = None,
+    admission: dict | None = None,
 ) -> dict:
     """The task's payload: ids and the request, the route's defaults where the request is silent."""
     route = plan.route
@@ -236,6 +237,8 @@ def payload_for(
         "workspace_id": workspace_id,
         "user_id": user_id,
         "client_key_id": client_key_id,
+        # The client key's admission (billing.limits.Admission.as_json), settled with the ledger row.
+        "admission": admission,
     }
 
 

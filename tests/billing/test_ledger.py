@@ -287,3 +287,41 @@ def test_a_row_whose_route_and_key_were_deleted_meanwhile_is_kept_without_the_re
     assert (stored.route_id, stored.upstream_key_id, stored.workspace_id) == (None, None, None)
     assert (stored.route_name, stored.provider_id, stored.completion_tokens) == (route.name, provider.id, len(WORDS))
     assert outbox.xlen(ledger.REJECTED) == 0
+
+
+def test_storing_a_row_settles_its_client_keys_reservation_to_the_real_cost(upstream_server, outbox):
+    from billing import client_keys, limits
+    from search.models import Workspace
+
+    provider = provider_make(upstream_server, model=f"model-{uuid.uuid4().hex[:8]}")
+    key_make(provider)
+    route = route_make(provider)
+    price = Price.objects.create(
+        model=provider.model,
+        input_usd_per_million=Decimal("2"),
+        output_usd_per_million=Decimal("8"),
+        effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    workspace = Workspace.objects.create(name="Budget", slug=f"budget-{uuid.uuid4().hex[:8]}")
+    client_key, _ = client_keys.create(workspace, "ci", scopes=["generate"], monthly_budget_usd=Decimal("5"))
+    admission = limits.admit(client_key, model=provider.model, local=False, prompt_tokens=100, max_tokens=64)
+    assert admission.reserved_usd == cost_of(100, 64, price)
+    assert limits.budget_state(client_key).reserved_usd == admission.reserved_usd
+
+    request_id = uuid.uuid4().hex
+    body = payload(route, client_key_id=client_key.id, admission=admission.as_json())
+    run_routed(request_id, body)
+    assert ledger.drain() == 1
+
+    row = UsageRecord.objects.get(request_id=request_id)
+    assert row.client_key_id == client_key.id
+    assert row.cost_usd == cost_of(row.prompt_tokens, row.completion_tokens, price) < admission.reserved_usd
+    state = limits.budget_state(client_key)
+    assert (state.spent_usd, state.reserved_usd, state.in_flight) == (row.cost_usd, Decimal(0), 0)
+    # Drained again (a drainer that died before acknowledging): settled once.
+    ledger._settle([{**queued_like(row), "admission": admission.as_json()}])
+    assert limits.month_spent(client_key) == row.cost_usd
+
+
+def queued_like(row: UsageRecord) -> dict:
+    return {"request_id": row.request_id.hex, "prompt_tokens": row.prompt_tokens, "completion_tokens": 0}

@@ -1,0 +1,678 @@
+"""Limits per client key: requests and tokens per minute, and a monthly budget in USD.
+
+Enforced in Redis, so they hold across web processes; every decision is one Lua script
+(``register_script``), atomic, one round trip. A request is admitted (``admit``) before its
+generation and settled (``settle``) after it, or released (``release``) when it never ran.
+``ClientKey`` holds the limits; None is unlimited.
+
+Requests and tokens per minute: a sliding-window log. Each admitted request is one entry of
+a sorted set scored by its admission time (microseconds), its estimated tokens (prompt +
+max_tokens) in a hash beside it, and their sum in a counter; entries at least 60 s old are
+pruned by the next script that looks. A request is admitted while the window holds fewer
+than ``requests_per_minute`` entries and its tokens fit under ``tokens_per_minute``; a
+refusal's ``retry_after_s`` is exact: when the oldest entries that must leave will have
+left. Why a log rather than GCRA or fixed windows: "N per minute" then means what a client
+reads, in any 60 s, with no double burst at a window's edge; the arithmetic is on integers
+(GCRA's emission interval 60/N s is not one, and the scripts' numbers are doubles); and an
+entry can be corrected afterwards, which settlement needs (the actual tokens replace the
+estimate while the entry is in the window; once it has left, there is nothing to correct).
+It costs one entry per admitted request of the last minute, per key: bounded by the limit
+for requests per minute. A refused request takes nothing (no entry, no reservation).
+
+Monthly budget (UTC calendar month): amounts are integers of 1e-12 USD (``PICO``, the
+ledger's precision: ``UsageRecord.cost_usd`` has 12 decimals), kept as strings inside the
+scripts and added only by ``HINCRBY`` (64-bit integers, exact up to about 9.2 million USD
+a month per key); Lua's numbers are doubles and never touch money. The month's hash holds
+``spent`` (settled costs) and ``committed`` (spent plus the reservations outstanding), so
+the admission test, ``committed < budget``, is a comparison of two integer strings. A
+request reserves its maximum cost (prompt tokens + max_tokens at the price in force) and is
+admitted while ``committed < budget``: parallel requests overspend by at most one request's
+reserved cost. A model without a price cannot be budgeted: refused (``ModelUnpriced``).
+
+Reservations survive a crashed process conservatively: each is in a sorted set scored by
+its expiry (``reservation_ttl_s``: ``ROUTER_DEADLINE_S`` plus ``RESERVATION_MARGIN_S`` for
+the time queued before the router's deadline starts) and its amount in a hash; every
+script that reads the budget first prunes the expired ones, so an unsettled reservation
+stops counting after a bounded time. Settlement replaces the reservation by the real cost,
+once per reservation (a marker with an expiry makes a second call a no-op), and adds the
+real cost even after the reservation expired: the money was spent.
+
+A missing month (first use, Redis lost its data) is initialised from the ledger, the sum of
+``cost_usd`` of the key's rows that month, by a script that creates it only if it is still
+absent (SET NX for a hash), so concurrent initialisers agree. Settlements while it is
+absent add nothing: the ledger has their rows. Every settlement with a known cost counts,
+with or without a budget, so a budget set in mid-month starts from the month's spending.
+
+Alerts: when a settlement carries ``spent`` across 80 % or 100 % of the budget, one
+``BudgetAlert`` per key, month and threshold (``get_or_create`` on its unique constraint)
+and a WARNING naming the key by id and masked form. Settlements, not reservations: a
+reservation is a maximum that is usually not spent, and may be released.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+
+import redis
+from django.conf import settings
+from django.db.models import Sum
+from django.utils import timezone
+from redis.commands.core import Script
+
+from billing.models import BudgetAlert, ClientKey, UsageRecord
+from billing.pricing import cost_of, price_at
+from inference.streams import redis_client
+
+logger = logging.getLogger(__name__)
+
+WINDOW_S = 60
+# Window entries are pruned by the scripts; the keys' own expiry only clears idle keys.
+WINDOW_KEY_TTL_MS = 2 * WINDOW_S * 1000
+# A request may wait in its Celery queue before the router's deadline starts.
+RESERVATION_MARGIN_S = 300
+# The month's keys outlive the month by this much, for settlements of requests admitted at
+# its end (a month read after it expired is initialised from the ledger again).
+MONTH_KEY_GRACE = timedelta(days=7)
+# A second settlement of the same reservation (a retried callback) comes seconds after the
+# first; an hour is ample, and bounds the markers to an hour of requests (about 100 bytes each).
+SETTLED_MARKER_TTL_S = 3600
+# The budget is held by the key's own requests in flight: they usually settle within seconds.
+HELD_RETRY_AFTER_S = 1.0
+ALERT_THRESHOLDS = (80, 100)
+PICO = 12  # decimal places of the amounts in Redis: 1e-12 USD
+
+
+class LimitExceeded(Exception):
+    """A request refused by a key's limits. ``status``: the HTTP status the APIs answer
+    (429 with ``Retry-After: retry_after_s`` when rate limited, 402 when the budget is
+    spent); ``message`` names the limit and the numbers."""
+
+    def __init__(self, code: str, status: int, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class ModelUnpriced(LimitExceeded):
+    """A key with a budget asked for a model that has no price: its cost cannot be reserved."""
+
+    def __init__(self, message: str):
+        super().__init__("model_unpriced", 402, message)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admitted request, to be settled or released once. ``reserved_usd``: the maximum
+    cost reserved against the budget (None: the key has no budget). ``windowed``: it took an
+    entry in the per-minute window (the key has a per-minute limit)."""
+
+    reservation_id: str
+    reserved_usd: Decimal | None
+    estimated_tokens: int
+    key_id: int
+    month: date
+    budget_usd: Decimal | None = None
+    windowed: bool = False
+    admitted_at: datetime | None = None
+    key_label: str = ""
+
+    def as_json(self) -> dict:
+        """For a task's payload and the ledger row (exact: amounts as decimal strings)."""
+        return {
+            "reservation_id": self.reservation_id,
+            "reserved_usd": None if self.reserved_usd is None else str(self.reserved_usd),
+            "estimated_tokens": self.estimated_tokens,
+            "key_id": self.key_id,
+            "month": self.month.isoformat(),
+            "budget_usd": None if self.budget_usd is None else str(self.budget_usd),
+            "windowed": self.windowed,
+            "admitted_at": None if self.admitted_at is None else self.admitted_at.isoformat(),
+            "key_label": self.key_label,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Admission:
+        return cls(
+            reservation_id=data["reservation_id"],
+            reserved_usd=None if data.get("reserved_usd") is None else Decimal(data["reserved_usd"]),
+            estimated_tokens=int(data["estimated_tokens"]),
+            key_id=int(data["key_id"]),
+            month=date.fromisoformat(data["month"]),
+            budget_usd=None if data.get("budget_usd") is None else Decimal(data["budget_usd"]),
+            windowed=bool(data.get("windowed")),
+            admitted_at=None if not data.get("admitted_at") else datetime.fromisoformat(data["admitted_at"]),
+            key_label=data.get("key_label") or "",
+        )
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """A key's month as Redis counts it: settled costs, and the reservations still counting."""
+
+    month: date
+    spent_usd: Decimal
+    reserved_usd: Decimal
+    in_flight: int
+    budget_usd: Decimal | None
+
+
+def reservation_ttl_s() -> float:
+    """How long an unsettled reservation counts: the router's deadline plus time queued."""
+    return settings.ROUTER_DEADLINE_S + RESERVATION_MARGIN_S
+
+
+# --------------------------------------------------------------------------- Lua
+
+# Shared by the scripts. Amounts are canonical decimal strings of non-negative integers
+# (Python's str(int) and Redis's replies): compared by length then lexically, changed only by
+# HINCRBY with the string itself (a Lua number would be a double). Times and token counts
+# are numbers: microseconds since 1970 stay below 2^53, exact in a double.
+_LUA_COMMON = """
+local function less(a, b)
+    if #a ~= #b then return #a < #b end
+    return a < b
+end
+
+local function subtract(key, field, amount)
+    if amount ~= '0' then redis.call('HINCRBY', key, field, '-' .. amount) end
+end
+
+-- unpack() is bounded by Lua's stack: long lists go in slices.
+local function each_slice(items, fn)
+    for i = 1, #items, 1000 do
+        fn({unpack(items, i, math.min(i + 999, #items))})
+    end
+end
+
+-- Window entries admitted at or before the cutoff (now - 60 s) leave, with their tokens.
+local function prune_window(window, tokens, token_sum, cutoff)
+    local old = redis.call('ZRANGEBYSCORE', window, '-inf', cutoff)
+    if #old == 0 then return end
+    local freed = 0
+    each_slice(old, function(ids)
+        for _, n in ipairs(redis.call('HMGET', tokens, unpack(ids))) do
+            freed = freed + (tonumber(n) or 0)
+        end
+        redis.call('HDEL', tokens, unpack(ids))
+    end)
+    redis.call('ZREMRANGEBYSCORE', window, '-inf', cutoff)
+    if freed ~= 0 then redis.call('DECRBY', token_sum, freed) end
+end
+
+-- Reservations whose expiry has come stop counting (their process died, or never settled).
+local function prune_held(month, held, amounts, now)
+    local gone = redis.call('ZRANGEBYSCORE', held, '-inf', now)
+    if #gone == 0 then return end
+    each_slice(gone, function(ids)
+        for _, amount in ipairs(redis.call('HMGET', amounts, unpack(ids))) do
+            if amount then subtract(month, 'committed', amount) end
+        end
+        redis.call('HDEL', amounts, unpack(ids))
+    end)
+    redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
+end
+"""
+
+# KEYS: window, tokens, token_sum, month, held, amounts.
+# ARGV: reservation id, now (us), cutoff (us), rpm, tpm ('' = unlimited), estimated tokens,
+# window key TTL (ms), budget ('' = none), reserved amount, reservation expiry (us), month
+# keys' TTL (s). Returns {'ok', spent, committed} (before this reservation),
+# {'init'} (the month is missing), {'budget', spent, committed, in flight},
+# {'rpm', count, retry_us} or {'tpm', used, retry_us} (retry_us -1: never).
+_ADMIT = (
+    _LUA_COMMON
+    + """
+local window, tokens, token_sum, month, held, amounts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local id, now, cutoff = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local rpm, tpm, estimate = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local budget, reserve = ARGV[8], ARGV[9]
+local budgeted, windowed = budget ~= '', (rpm ~= nil or tpm ~= nil)
+
+local spent, committed = '0', '0'
+if budgeted then
+    if redis.call('EXISTS', month) == 0 then return {'init'} end
+    prune_held(month, held, amounts, now)
+    spent = redis.call('HGET', month, 'spent')
+    committed = redis.call('HGET', month, 'committed')
+    if not less(committed, budget) then
+        return {'budget', spent, committed, redis.call('ZCARD', held)}
+    end
+end
+if windowed then prune_window(window, tokens, token_sum, ARGV[3]) end
+if rpm then
+    local count = redis.call('ZCARD', window)
+    if count >= rpm then
+        if rpm == 0 then return {'rpm', count, -1} end
+        -- count - rpm + 1 entries must leave; the last of them is at index count - rpm.
+        local entry = redis.call('ZRANGE', window, count - rpm, count - rpm, 'WITHSCORES')
+        return {'rpm', count, tonumber(entry[2]) - cutoff}
+    end
+end
+if tpm then
+    local used = tonumber(redis.call('GET', token_sum) or '0')
+    if estimate > tpm then return {'tpm', used, -1} end
+    if used + estimate > tpm then
+        local excess, freed, start = used + estimate - tpm, 0, 0
+        while true do
+            local slice = redis.call('ZRANGE', window, start, start + 99, 'WITHSCORES')
+            if #slice == 0 then break end
+            for i = 1, #slice, 2 do
+                freed = freed + (tonumber(redis.call('HGET', tokens, slice[i])) or 0)
+                if freed >= excess then return {'tpm', used, tonumber(slice[i + 1]) - cutoff} end
+            end
+            start = start + 100
+        end
+        return {'tpm', used, now - cutoff}  -- entries lost their tokens: a whole window
+    end
+end
+
+if windowed then
+    redis.call('ZADD', window, now, id)
+    redis.call('HSET', tokens, id, estimate)
+    redis.call('INCRBY', token_sum, estimate)
+    for _, key in ipairs({window, tokens, token_sum}) do redis.call('PEXPIRE', key, ARGV[7]) end
+end
+if budgeted then
+    redis.call('HINCRBY', month, 'committed', reserve)
+    redis.call('ZADD', held, ARGV[10], id)
+    redis.call('HSET', amounts, id, reserve)
+    redis.call('EXPIRE', held, ARGV[11])
+    redis.call('EXPIRE', amounts, ARGV[11])
+end
+return {'ok', spent, committed}
+"""
+)
+
+# KEYS: window, tokens, token_sum, month, held, amounts, settled marker.
+# ARGV: reservation id, now (us), cutoff (us), windowed ('1' or ''), actual tokens, window
+# key TTL (ms), actual cost, marker TTL (s). Returns {'duplicate'}, {'untracked'} (the
+# month is missing: the ledger has the cost) or {'settled', spent before, spent after}.
+_SETTLE = (
+    _LUA_COMMON
+    + """
+local window, tokens, token_sum, month, held, amounts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local marker = KEYS[7]
+local id, now, cost = ARGV[1], ARGV[2], ARGV[7]
+if not redis.call('SET', marker, '1', 'NX', 'EX', ARGV[8]) then return {'duplicate'} end
+
+if ARGV[4] == '1' then
+    prune_window(window, tokens, token_sum, ARGV[3])
+    local estimate = redis.call('HGET', tokens, id)
+    if estimate then
+        local delta = tonumber(ARGV[5]) - tonumber(estimate)
+        if delta ~= 0 then
+            redis.call('HSET', tokens, id, ARGV[5])
+            redis.call('INCRBY', token_sum, delta)
+            for _, key in ipairs({window, tokens, token_sum}) do redis.call('PEXPIRE', key, ARGV[6]) end
+        end
+    end
+end
+
+if redis.call('EXISTS', month) == 0 then
+    redis.call('ZREM', held, id)
+    redis.call('HDEL', amounts, id)
+    return {'untracked'}
+end
+prune_held(month, held, amounts, now)
+local reserved = redis.call('HGET', amounts, id)
+if reserved then
+    subtract(month, 'committed', reserved)
+    redis.call('HDEL', amounts, id)
+    redis.call('ZREM', held, id)
+end
+local before = redis.call('HGET', month, 'spent')
+if cost ~= '0' then
+    redis.call('HINCRBY', month, 'spent', cost)
+    redis.call('HINCRBY', month, 'committed', cost)
+end
+return {'settled', before, redis.call('HGET', month, 'spent')}
+"""
+)
+
+# KEYS: month, held, amounts. ARGV: spent from the ledger, the month keys' TTL (s).
+# Creates the month only if it is absent (reservations left without it are dropped: they
+# were never counted in it). Returns 1 when it created it.
+_INITIALISE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('HSET', KEYS[1], 'spent', ARGV[1], 'committed', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+# KEYS: month, held, amounts. ARGV: now (us). Returns false (the month is missing) or
+# {spent, committed, in flight}.
+_VIEW = (
+    _LUA_COMMON
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+prune_held(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
+return {redis.call('HGET', KEYS[1], 'spent'), redis.call('HGET', KEYS[1], 'committed'), redis.call('ZCARD', KEYS[2])}
+"""
+)
+
+
+@dataclass(frozen=True)
+class _Scripts:
+    admit: Script
+    settle: Script
+    initialise: Script
+    view: Script
+
+
+@functools.cache
+def _scripts(client: redis.Redis) -> _Scripts:
+    """Registered once per client (``redis_client`` keeps one per process): EVALSHA after."""
+    return _Scripts(
+        admit=client.register_script(_ADMIT),
+        settle=client.register_script(_SETTLE),
+        initialise=client.register_script(_INITIALISE),
+        view=client.register_script(_VIEW),
+    )
+
+
+# --------------------------------------------------------------------------- keys and units
+
+
+def _prefix(key_id: int) -> str:
+    # The braces are a hash tag: a key's keys share one Redis Cluster slot, as scripts need.
+    return f"limits:{{{key_id}}}"
+
+
+def _window_keys(key_id: int) -> list[str]:
+    prefix = _prefix(key_id)
+    return [f"{prefix}:window", f"{prefix}:window:tokens", f"{prefix}:window:token_sum"]
+
+
+def _month_keys(key_id: int, month: date) -> list[str]:
+    base = f"{_prefix(key_id)}:{month:%Y-%m}"
+    return [base, f"{base}:held", f"{base}:amounts"]
+
+
+def _settled_key(key_id: int, reservation_id: str) -> str:
+    return f"{_prefix(key_id)}:settled:{reservation_id}"
+
+
+def _to_pico(usd: Decimal) -> int:
+    """USD as an integer of 1e-12 USD; a finer amount is refused rather than rounded."""
+    scaled = usd.scaleb(PICO)
+    if scaled != scaled.to_integral_value():
+        raise ValueError(f"{usd} USD is finer than 1e-12 USD, the ledger's precision")
+    return int(scaled)
+
+
+def _from_pico(amount: int | bytes | str) -> Decimal:
+    return Decimal(int(amount)).scaleb(-PICO)
+
+
+def _usd(amount: Decimal) -> str:
+    return f"{amount.normalize():f}"
+
+
+def _now(now: datetime | None) -> datetime:
+    now = now or timezone.now()
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    return now.astimezone(UTC)
+
+
+def _micros(at: datetime) -> int:
+    # Integer arithmetic on the timedelta: a float timestamp would lose the microseconds.
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+def _month_of(at: datetime) -> date:
+    return date(at.year, at.month, 1)
+
+
+def _next_month(month: date) -> date:
+    return date(month.year + month.month // 12, month.month % 12 + 1, 1)
+
+
+def _month_bounds(month: date) -> tuple[datetime, datetime]:
+    start = datetime(month.year, month.month, 1, tzinfo=UTC)
+    end_day = _next_month(month)
+    return start, datetime(end_day.year, end_day.month, 1, tzinfo=UTC)
+
+
+def _month_ttl_s(month: date, now: datetime) -> int:
+    # Relative to ``now`` rather than a date: the keys live as long after ``now`` as the month
+    # has left plus the grace, whatever Redis's clock says (``now`` may be injected).
+    return max(1, int((_month_bounds(month)[1] + MONTH_KEY_GRACE - now).total_seconds()))
+
+
+# --------------------------------------------------------------------------- the month
+
+
+def _ledger_spent(key_id: int, month: date) -> Decimal:
+    start, end = _month_bounds(month)
+    total = UsageRecord.objects.filter(client_key_id=key_id, created_at__gte=start, created_at__lt=end).aggregate(
+        total=Sum("cost_usd")
+    )["total"]
+    return total or Decimal(0)
+
+
+def _initialise(key: ClientKey, month: date, now: datetime, client: redis.Redis) -> None:
+    """The month from the ledger, if Redis still lacks it. Rows still waiting in the ledger's
+    outbox (the last seconds of traffic) are not in the sum: after a restart of Redis they
+    were lost with the counter anyway; on first use they are missed (documented)."""
+    spent = _ledger_spent(key.pk, month)
+    created = _scripts(client).initialise(
+        keys=_month_keys(key.pk, month), args=[_to_pico(spent), _month_ttl_s(month, now)], client=client
+    )
+    if created and key.monthly_budget_usd:
+        # Alerts the ledger's spending already earned (their rows exist unless lost with Redis).
+        for threshold in ALERT_THRESHOLDS:
+            if spent * 100 >= key.monthly_budget_usd * threshold:
+                _alert(key.pk, key.masked, month, threshold, spent, key.monthly_budget_usd)
+
+
+def _alert(key_id: int, label: str, month: date, threshold: int, spent: Decimal, budget: Decimal) -> None:
+    _, created = BudgetAlert.objects.get_or_create(
+        client_key_id=key_id,
+        month=month,
+        threshold_percent=threshold,
+        defaults={"spent_usd": spent, "budget_usd": budget},
+    )
+    if created:
+        logger.warning(
+            "client key %s (id %s) reached %s %% of its monthly budget for %s: $%s spent of $%s",
+            label,
+            key_id,
+            threshold,
+            f"{month:%Y-%m}",
+            _usd(spent),
+            _usd(budget),
+        )
+
+
+# --------------------------------------------------------------------------- the API
+
+
+def admit(
+    key: ClientKey, *, model: str, local: bool, prompt_tokens: int, max_tokens: int, now: datetime | None = None
+) -> Admission:
+    """Admit a request of ``key`` or raise ``LimitExceeded``: its requests and tokens per
+    minute (tokens: ``prompt_tokens + max_tokens``, corrected at settlement) and its month's
+    budget (the maximum cost reserved at the price of ``model`` in force ``now``; ``local``:
+    served by the local pool, whose price applies to a model without its own). The
+    admission must be settled (``settle``) or released (``release``) once."""
+    if prompt_tokens < 0 or max_tokens < 0:
+        raise ValueError("prompt_tokens and max_tokens must not be negative")
+    now = _now(now)
+    month = _month_of(now)
+    estimate = prompt_tokens + max_tokens
+    budget = key.monthly_budget_usd
+    reserved = None
+    if budget is not None:
+        price = price_at(model, now, local=local)
+        if price is None:
+            raise ModelUnpriced(
+                f"model '{model}' has no price in force on {now:%Y-%m-%d %H:%M} UTC, so its requests cannot be "
+                f"charged to the monthly budget of ${_usd(budget)} of key {key.masked}: add a price for '{model}' "
+                "(admin: Billing, Prices)"
+            )
+        reserved = cost_of(prompt_tokens, max_tokens, price)
+    windowed = key.requests_per_minute is not None or key.tokens_per_minute is not None
+    admission = Admission(
+        reservation_id=uuid.uuid4().hex,
+        reserved_usd=reserved,
+        estimated_tokens=estimate,
+        key_id=key.pk,
+        month=month,
+        budget_usd=budget,
+        windowed=windowed,
+        admitted_at=now,
+        key_label=key.masked,
+    )
+    if budget is None and not windowed:
+        return admission  # nothing to count before the request; settle still counts its cost
+
+    client = redis_client()
+    now_us = _micros(now)
+    args = [
+        admission.reservation_id,
+        now_us,
+        now_us - WINDOW_S * 1_000_000,
+        "" if key.requests_per_minute is None else key.requests_per_minute,
+        "" if key.tokens_per_minute is None else key.tokens_per_minute,
+        estimate,
+        WINDOW_KEY_TTL_MS,
+        "" if budget is None else _to_pico(budget),
+        0 if reserved is None else _to_pico(reserved),
+        now_us + int(reservation_ttl_s() * 1_000_000),
+        _month_ttl_s(month, now),
+    ]
+    keys = _window_keys(key.pk) + _month_keys(key.pk, month)
+    for _ in range(3):  # the month is missing at most once, unless Redis keeps losing it
+        result = _scripts(client).admit(keys=keys, args=args, client=client)
+        outcome = result[0].decode()
+        if outcome != "init":
+            break
+        _initialise(key, month, now, client)
+    else:
+        raise RuntimeError(f"the budget of key {key.masked} for {month:%Y-%m} vanished from Redis three times")
+
+    if outcome == "ok":
+        return admission
+    if outcome == "budget":
+        spent, committed, in_flight = _from_pico(result[1]), _from_pico(result[2]), int(result[3])
+        if spent >= budget:
+            raise LimitExceeded(
+                "budget_exhausted",
+                402,
+                f"the monthly budget of ${_usd(budget)} of key {key.masked} is spent for {month:%Y-%m}: "
+                f"${_usd(spent)} spent; it renews on {_next_month(month):%Y-%m-%d} (UTC)",
+            )
+        raise LimitExceeded(
+            "rate_limited",
+            429,
+            f"the monthly budget of ${_usd(budget)} of key {key.masked} is held for {month:%Y-%m} by its "
+            f"requests in flight ({in_flight}): ${_usd(spent)} spent and ${_usd(committed - spent)} reserved; "
+            "retry when they finish",
+            HELD_RETRY_AFTER_S,
+        )
+    count, retry_us = int(result[1]), int(result[2])
+    retry_after = None if retry_us < 0 else retry_us / 1_000_000
+    if outcome == "rpm":
+        if retry_after is None:
+            message = f"key {key.masked} allows 0 requests per minute"
+        else:
+            message = (
+                f"key {key.masked} allows {key.requests_per_minute} requests per minute and made {count} "
+                f"in the last {WINDOW_S} s; retry in {retry_after:.3f} s"
+            )
+        raise LimitExceeded("rate_limited", 429, message, retry_after)
+    if retry_after is None:
+        message = (
+            f"this request needs {estimate} tokens (prompt {prompt_tokens} + max_tokens {max_tokens}), more than "
+            f"the {key.tokens_per_minute} tokens per minute key {key.masked} allows: lower max_tokens"
+        )
+    else:
+        message = (
+            f"key {key.masked} allows {key.tokens_per_minute} tokens per minute and used {count} in the last "
+            f"{WINDOW_S} s; this request needs {estimate} (prompt {prompt_tokens} + max_tokens {max_tokens}); "
+            f"retry in {retry_after:.3f} s"
+        )
+    raise LimitExceeded("rate_limited", 429, message, retry_after)
+
+
+def settle(
+    admission: Admission, *, actual_cost_usd: Decimal | None, actual_tokens: int, now: datetime | None = None
+) -> None:
+    """The request ran: its reservation is replaced by ``actual_cost_usd`` (None: unknown,
+    and the reservation is charged, the most it could have cost) and its estimated tokens
+    by ``actual_tokens`` (while it is still in the minute's window). Once per reservation:
+    a second call does nothing."""
+    if actual_tokens < 0:
+        raise ValueError("actual_tokens must not be negative")
+    now = _now(now)
+    cost = actual_cost_usd if actual_cost_usd is not None else admission.reserved_usd
+    now_us = _micros(now)
+    client = redis_client()
+    result = _scripts(client).settle(
+        keys=[
+            *_window_keys(admission.key_id),
+            *_month_keys(admission.key_id, admission.month),
+            _settled_key(admission.key_id, admission.reservation_id),
+        ],
+        args=[
+            admission.reservation_id,
+            now_us,
+            now_us - WINDOW_S * 1_000_000,
+            "1" if admission.windowed else "",
+            actual_tokens,
+            WINDOW_KEY_TTL_MS,
+            0 if cost is None else _to_pico(cost),
+            SETTLED_MARKER_TTL_S,
+        ],
+        client=client,
+    )
+    if result[0].decode() != "settled" or not admission.budget_usd:
+        return
+    before, after = int(result[1]), int(result[2])
+    budget = _to_pico(admission.budget_usd)
+    for threshold in ALERT_THRESHOLDS:
+        # Crossed by this settlement: exactly one settlement crosses each threshold.
+        if before * 100 < budget * threshold <= after * 100:
+            _alert(
+                admission.key_id,
+                admission.key_label,
+                admission.month,
+                threshold,
+                _from_pico(after),
+                admission.budget_usd,
+            )
+
+
+def release(admission: Admission, *, now: datetime | None = None) -> None:
+    """The request never ran (refused later, its enqueue failed): it costs nothing."""
+    settle(admission, actual_cost_usd=Decimal(0), actual_tokens=0, now=now)
+
+
+def budget_state(key: ClientKey, *, now: datetime | None = None) -> BudgetState:
+    """The month's spending and outstanding reservations as Redis counts them (initialised
+    from the ledger if missing)."""
+    now = _now(now)
+    month = _month_of(now)
+    client = redis_client()
+    keys = _month_keys(key.pk, month)
+    for _ in range(3):
+        view = _scripts(client).view(keys=keys, args=[_micros(now)], client=client)
+        if view:
+            spent, committed = _from_pico(view[0]), _from_pico(view[1])
+            return BudgetState(month, spent, committed - spent, int(view[2]), key.monthly_budget_usd)
+        _initialise(key, month, now, client)
+    raise RuntimeError(f"the budget of key {key.masked} for {month:%Y-%m} vanished from Redis three times")
+
+
+def month_spent(key: ClientKey, *, now: datetime | None = None) -> Decimal:
+    """What ``key`` spent this month (UTC), settled requests only."""
+    return budget_state(key, now=now).spent_usd
