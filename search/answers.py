@@ -41,6 +41,7 @@ from celery import signature
 from django.db import transaction
 from django.utils import timezone
 
+from billing.models import ClientKey
 from inference import router
 from inference.models import Route
 from inference.streams import TERMINAL, StreamWriter, redis_client, stream_events, stream_key, stream_read
@@ -81,12 +82,16 @@ def answer_create(
     top_k: int = 8,
     max_tokens: int | None = None,
     temperature: float | None = None,
+    client_key=None,
 ) -> Answer:
     """Answer ``question`` from ``collections`` (default: all of the workspace's); see the module docstring.
 
     ``client_id``: whose canary arm applies (an API key's id); defaults to the asker's id.
+    ``client_key``: the API key asking (``billing.models.ClientKey``): each generation
+    request is admitted against its limits first (``billing.limits``) and billed to it.
     Returns the stored answer: ``generating`` (follow ``answer_stream_read``), or ``done``
-    when extractive. Raises ``AnswerError``, ``RouteNotFound`` or ``RouteUnavailable``.
+    when extractive. Raises ``AnswerError``, ``RouteNotFound``, ``RouteUnavailable`` or
+    ``billing.limits.LimitExceeded``.
     """
     question = (question or "").strip()
     if not question:
@@ -107,6 +112,7 @@ def answer_create(
     started = time.perf_counter()
     answer = Answer.objects.create(workspace=workspace, asker=asker, client_id=client_id, question=question)
     answer.collections.set(chosen)
+    answer.client_key = client_key  # for this call only; the ledger rows record it
     try:
         return _answer_run(answer, chosen, route_name, top_k, max_tokens, temperature, started)
     except Exception as exc:
@@ -115,7 +121,9 @@ def answer_create(
 
 
 def _reason(exc: Exception) -> str:
-    if isinstance(exc, AnswerError | router.RouteNotFound | router.RouteUnavailable):
+    from billing.limits import LimitExceeded
+
+    if isinstance(exc, AnswerError | router.RouteNotFound | router.RouteUnavailable | LimitExceeded):
         return str(exc)
     return f"the answer could not be started: {type(exc).__name__}: {exc}"
 
@@ -180,19 +188,21 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     answer.route, answer.release, answer.arm = plan.route, plan.release, plan.arm
     answer.mode, answer.status = Answer.Mode.GENERATED, Answer.Status.GENERATING
     answer.stats = {"context": prompt.context_record()}
+    client_key = getattr(answer, "client_key", None)
     common = {
         "temperature": temperature,
         "workspace_id": answer.workspace_id,
         "user_id": answer.asker_id,
+        "client_key_id": client_key.pk if client_key is not None else None,
     }
     if prompt.strategy == "single":
         [request] = prompt.requests
         answer.timings["submit_ms"] = _ms_since(started)
         answer.save()
-        router.submit(
+        _submit_admitted(
+            client_key,
             plan,
-            messages=request.messages,
-            max_tokens=request.max_tokens,
+            request,
             link=signature("search.tasks.answer_finalize", args=(str(answer.id),)),
             link_error=signature("search.tasks.answer_generation_lost", args=(str(answer.id),)),
             **common,
@@ -207,20 +217,47 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         "requested_route_id": plan.requested_route.id,
         "max_tokens": budget.max_tokens,
         "temperature": temperature,
+        "client_key_id": common["client_key_id"],
         "maps": maps,
     }
     answer.save()
     # Long work shows progress: the answer's own stream says how far the map requests are.
     StreamWriter(str(answer.id)).write("progress", stage="map", done=0, total=len(maps))
     for index, (request, entry) in enumerate(zip(prompt.requests, maps, strict=True)):
-        router.submit(
+        _submit_admitted(
+            client_key,
             replace(plan, request_id=entry["request_id"]),
-            messages=request.messages,
-            max_tokens=request.max_tokens,
+            request,
             link=signature("search.tasks.answer_map_collect", args=(str(answer.id), index)),
             **common,
         )
     return answer
+
+
+def _submit_admitted(client_key, plan: router.Plan, request, **submit) -> None:
+    """``router.submit`` the request, admitted first against the client key's limits
+    (its reservation travels with it and is settled with its ledger row); released if it
+    could not be sent."""
+    if client_key is None:
+        router.submit(plan, messages=request.messages, max_tokens=request.max_tokens, **submit)
+        return
+    from billing import limits
+
+    provider = plan.route.provider
+    admission = limits.admit(
+        client_key,
+        model=provider.model,
+        local=provider.is_local,
+        prompt_tokens=request.prompt_tokens,
+        max_tokens=request.max_tokens,
+    )
+    try:
+        router.submit(
+            plan, messages=request.messages, max_tokens=request.max_tokens, admission=admission.as_json(), **submit
+        )
+    except BaseException:
+        limits.release(admission)
+        raise
 
 
 def _answer_extractive(answer: Answer, sources, collection: Collection | None, started: float) -> Answer:
@@ -458,13 +495,15 @@ def answer_map_collect(*, answer_id, index: int, result) -> bool:
                 )
 
                 def submit():
-                    router.submit(
+                    key_id = state.get("client_key_id")
+                    _submit_admitted(
+                        ClientKey.objects.filter(pk=key_id).first() if key_id else None,
                         plan,
-                        messages=request.messages,
-                        max_tokens=request.max_tokens,
+                        request,
                         temperature=state.get("temperature"),
                         workspace_id=answer.workspace_id,
                         user_id=answer.asker_id,
+                        client_key_id=key_id,
                         link=signature("search.tasks.answer_finalize", args=(str(answer.id),)),
                         link_error=signature("search.tasks.answer_generation_lost", args=(str(answer.id),)),
                     )

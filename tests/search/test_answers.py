@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
 
-from billing.models import UsageRecord
+from billing import client_keys, limits
+from billing.models import Price, UsageRecord
+from billing.pricing import cost_of
 from inference.models import Provider, Route, UpstreamKey
 from inference.router import RouteNotFound, RouteUnavailable
 from inference.streams import StreamWriter, stream_read
@@ -163,6 +166,23 @@ def test_a_route_without_usable_keys_fails_the_answer_as_unavailable(corpus, ups
     assert answer.status == Answer.Status.FAILED
     assert answer.error == str(caught.value)
     assert answer.route == route  # how far it got
+
+
+def test_a_key_whose_budget_is_spent_is_refused_before_anything_is_sent(corpus, upstream_server):
+    workspace, _ = corpus
+    _, api_key = remote_provider(upstream_server)
+    Price.objects.create(model="stand-in-7b", input_usd_per_million=Decimal("1"), output_usd_per_million=Decimal("2"))
+    client_key, _ = client_keys.create(workspace, "spent", scopes=["generate"], monthly_budget_usd=Decimal("0.00"))
+
+    with pytest.raises(limits.LimitExceeded) as caught:
+        answer_create(workspace=workspace, question="How does lift change?", client_key=client_key)
+
+    assert (caught.value.code, caught.value.status) == ("budget_exhausted", 402)
+    answer = Answer.objects.get()
+    assert answer.status == Answer.Status.FAILED
+    assert answer.error == str(caught.value)
+    assert upstream_log(upstream_server, api_key) == []
+    assert limits.budget_state(client_key).reserved_usd == 0
 
 
 def test_a_question_that_cannot_fit_the_window_fails_naming_the_question(corpus, upstream_server):
@@ -365,8 +385,14 @@ def test_an_answer_end_to_end_on_an_openai_compatible_upstream_with_citations(wo
     workspace, _ = corpus
     route, api_key = remote_provider(upstream_server, max_tokens=64)
     question = f"How do lift and heat flux behave at the wing and the nose?\nREPLY: {CITED}"
+    price = Price.objects.create(
+        model="stand-in-7b", input_usd_per_million=Decimal("0.5"), output_usd_per_million=Decimal("1.5")
+    )
+    client_key, _ = client_keys.create(workspace, "integration", scopes=["generate"], monthly_budget_usd=Decimal(1))
 
-    answer = answer_create(workspace=workspace, question=question, asker=asker, client_id="key-7")
+    answer = answer_create(
+        workspace=workspace, question=question, asker=asker, client_id="key-7", client_key=client_key
+    )
     events = read_stream(answer)
     stored = wait_for_answer(answer.pk)
 
@@ -405,6 +431,11 @@ def test_an_answer_end_to_end_on_an_openai_compatible_upstream_with_citations(wo
     assert stored.stats["provider"] == route.provider.name and stored.stats["attempts"] == 1
     record = UsageRecord.objects.get(request_id=answer.pk)
     assert (record.status, record.completion_tokens) == ("ok", len(CITED.split()))
+    # Billed to the API key, and its budget's reservation settled to the real cost.
+    assert (record.client_key_id, record.price_id) == (client_key.pk, price.pk)
+    assert record.cost_usd == cost_of(record.prompt_tokens, record.completion_tokens, price)
+    state = limits.budget_state(client_key)
+    assert (state.spent_usd, state.reserved_usd, state.in_flight) == (record.cost_usd, 0, 0)
 
 
 @pytest.mark.slow
@@ -534,9 +565,9 @@ def test_a_source_larger_than_the_window_is_answered_by_map_reduce(workers, db, 
     assert seen[-1]["prompt_tokens"] + 64 <= 512
     # Every request is on the ledger: the maps under their own ids, the reduce under the answer's.
     generations = UsageRecord.objects.filter(kind=UsageRecord.Kind.GENERATION)
-    assert set(generations.values_list("request_id", flat=True)) == {
-        uuid.UUID(item["request_id"]) for item in maps
-    } | {answer.pk}
+    assert set(generations.values_list("request_id", flat=True)) == {uuid.UUID(item["request_id"]) for item in maps} | {
+        answer.pk
+    }
 
 
 @pytest.mark.slow
