@@ -8,14 +8,16 @@ PostgreSQL+pgvector and Redis under ``var/`` (see ``ragsite/embedded.py``).
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
+from decimal import Decimal
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from ragsite import embedded
-from ragsite.env import env_bool, env_choice, env_float, env_int, env_list, env_str, env_url
+from ragsite.env import env_bool, env_choice, env_decimal, env_float, env_int, env_list, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = embedded.var_dir()
@@ -168,6 +170,15 @@ ROUTER_PREPARED_STATEMENTS = env_bool("ROUTER_PREPARED_STATEMENTS", True)
 # unacknowledged before the beat's drain (every 15 s) takes it over.
 LEDGER_CLAIM_IDLE_S = env_float("LEDGER_CLAIM_IDLE_S", 60.0, minimum=1.0)
 
+# Costs are stored and computed in USD; the billing dashboards and their CSV show them in
+# this currency (ISO 4217 code) at this rate (units per USD), converted exactly (Decimal).
+BILLING_DISPLAY_CURRENCY = env_str("BILLING_DISPLAY_CURRENCY", "USD")
+if not re.fullmatch(r"[A-Z]{3}", BILLING_DISPLAY_CURRENCY):
+    raise ImproperlyConfigured(f"BILLING_DISPLAY_CURRENCY must be an ISO 4217 code, got {BILLING_DISPLAY_CURRENCY!r}")
+BILLING_EXCHANGE_RATE = env_decimal("BILLING_EXCHANGE_RATE", Decimal("1"))
+if not BILLING_EXCHANGE_RATE.is_finite() or BILLING_EXCHANGE_RATE <= 0:
+    raise ImproperlyConfigured(f"BILLING_EXCHANGE_RATE must be a positive decimal, got {BILLING_EXCHANGE_RATE}")
+
 # How long /readyz waits for workers to answer a broadcast ping.
 READYZ_WORKER_TIMEOUT = env_float("READYZ_WORKER_TIMEOUT", 1.0, minimum=0.05)
 
@@ -216,6 +227,11 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(exist_ok=True)  # ServeStatic warns about a missing root before the first collectstatic
 STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "billing.staticfiles.PlotlyFinder",  # plotly.js from the plotly wheel, for the billing charts
+]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "servestatic.storage.CompressedStaticFilesStorage"},
