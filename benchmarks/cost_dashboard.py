@@ -35,16 +35,22 @@ computed from the ledger itself (one GROUP BY over the months' rows, parallel sc
 to give the same rows (``rollup_matches_ledger``). ``comparison_default_work_mem_ms`` is the
 comparison with PostgreSQL's default 4 MB of sort memory instead of ``COMPARISON_WORK_MEM``.
 
-What the rollup costs the drain: ``drain_batch_ms`` times a drain-shaped batch (500 rows in
-one ``INSERT ... SELECT FROM jsonb_populate_recordset ... ON CONFLICT (request_id) DO
-NOTHING``) with the rollup trigger on and off (``ALTER TABLE ... DISABLE TRIGGER`` in the
-same transaction), each batch rolled back, interleaved, median of 30 each.
+What the rollup costs the drain: ``drain_batch_ms`` times the drain's own statement
+(``billing.ledger._store``: 500 rows priced and inserted with ``ON CONFLICT DO NOTHING``)
+with the rollup trigger on and off (``ALTER TABLE ... DISABLE TRIGGER`` in the same
+transaction), each batch rolled back, interleaved, median of 30 each.
+
+Ledger writes and generation (``write_*``): what a generation's ledger row costs on its
+request's path, where it is only queued: the stream's terminal event written with the row
+in the same ``MULTI``/``EXEC`` (``write_p50_ms``) against the terminal event alone
+(``terminal_only_p50_ms``), interleaved, 300 each; then, off the path, storing that one
+row (``billing.ledger.drain``: priced, inserted, rolled up; ``store_one_p50_ms``). Redis
+is the project's server, database number ``REDIS_DB`` (emptied first).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -57,6 +63,7 @@ import numpy as np
 from benchmarks.common import django_setup, report
 
 DATABASE = "ragsite_bench_cost"
+REDIS_DB = 14
 SEED = 20261130
 DAYS = 91
 BATCH = 50_000
@@ -103,6 +110,9 @@ def main() -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
     os.environ["DATABASE_URL"] = with_database(server, DATABASE)
+    from benchmarks.router_overhead import redis_database_url
+
+    os.environ["REDIS_URL"] = redis_database_url(REDIS_DB)
     django_setup()
 
     from django.core.management import call_command
@@ -315,42 +325,81 @@ def summary_from_ledger(first, end) -> list[tuple]:
         return cursor.fetchall()
 
 
+def _drain_rows(columns: dict[str, list], base: int, count: int) -> list[dict]:
+    """Rows shaped as the drain receives them (fresh request ids, ended now)."""
+    names = [name.strip() for name in COLUMNS.split(",")]
+    ended = datetime.now(tz=UTC).isoformat()
+    rows = []
+    for i in range(base, base + count):
+        row = {name: columns[name][i] for name in names}
+        row.update(request_id=uuid.uuid4().hex, created_at=ended)
+        rows.append(row)
+    return rows
+
+
 def drain_batches(columns: dict[str, list], batches: int) -> dict:
-    """A drain-shaped insert of 500 rows, with the rollup trigger on and off, rolled back."""
+    """The drain's statement on 500 rows, with the rollup trigger on and off, rolled back."""
     from django.db import connection, transaction
 
-    sql = (
-        f"INSERT INTO billing_usagerecord ({COLUMNS}) SELECT {COLUMNS} "  # noqa: S608
-        "FROM jsonb_populate_recordset(NULL::billing_usagerecord, %s::jsonb) "
-        "ON CONFLICT (request_id) DO NOTHING RETURNING request_id"
-    )
-    names = [name.strip() for name in COLUMNS.split(",")]
-    now = time.time()
+    from billing import ledger
+
     spent: dict[str, list[float]] = {"with_rollup": [], "without_rollup": []}
     for number in range(2 * batches + 2):
         side = "with_rollup" if number % 2 == 0 else "without_rollup"
-        base = (number * 500) % (len(columns["request_id"]) - 500)
-        rows = []
-        for i in range(base, base + 500):
-            row = {name: columns[name][i] for name in names}
-            row["request_id"] = uuid.uuid4().hex
-            row["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(now))
-            rows.append(row)
-        payload = json.dumps(rows)
+        rows = _drain_rows(columns, (number * 500) % (len(columns["request_id"]) - 500), 500)
         with transaction.atomic():
-            with connection.cursor() as cursor:
-                if side == "without_rollup":
+            if side == "without_rollup":
+                with connection.cursor() as cursor:
                     cursor.execute("ALTER TABLE billing_usagerecord DISABLE TRIGGER billing_usage_rollup_insert")
-                started = time.perf_counter()
-                cursor.execute(sql, [payload])
-                inserted = len(cursor.fetchall())
-                elapsed = (time.perf_counter() - started) * 1000
+            started = time.perf_counter()
+            inserted = len(ledger._store(rows))
+            elapsed = (time.perf_counter() - started) * 1000
             transaction.set_rollback(True)
         if inserted != 500:
             raise SystemExit(f"a drain batch inserted {inserted} rows, expected 500")
         if number >= 2:  # the first of each side warms up
             spent[side].append(elapsed)
     return {side: round(statistics.median(values), 2) for side, values in spent.items()}
+
+
+def ledger_writes(columns: dict[str, list], requests: int = 300) -> dict:
+    """A generation's ledger row on its path (queued with the terminal event) and off it
+    (stored by the drain); see the module docstring."""
+    from billing import ledger
+    from billing.models import UsageRecord
+    from inference.streams import PipelinedStreamWriter
+
+    spent: dict[str, list[float]] = {"with_row": [], "terminal_only": [], "store": []}
+    queued: list[str] = []
+    for number in range(2 * requests + 2):
+        side = "with_row" if number % 2 == 0 else "terminal_only"
+        writer = PipelinedStreamWriter(uuid.uuid4().hex)
+        writer.write("delta", text="Lift")  # a stream under way, as a generation's end finds it
+        writer.flush()
+        if side == "with_row":
+            (row,) = _drain_rows(columns, number % (len(columns["request_id"]) - 1), 1)
+            writer.end_with(ledger.outbox_command(row))
+            queued.append(row["request_id"])
+        started = time.perf_counter()
+        writer.write("stats", completion_tokens=1, attempts=1)
+        elapsed = (time.perf_counter() - started) * 1000
+        writer.close()
+        if side == "with_row":
+            store_started = time.perf_counter()
+            ledger.drain()
+            store_ms = (time.perf_counter() - store_started) * 1000
+        if number >= 2:
+            spent[side].append(elapsed)
+            if side == "with_row":
+                spent["store"].append(store_ms)
+    stored = UsageRecord.objects.filter(request_id__in=queued).count()
+    if stored != len(queued):
+        raise SystemExit(f"the drain stored {stored} of the {len(queued)} rows queued")
+    return {
+        "write_p50_ms": round(statistics.median(spent["with_row"]), 3),
+        "terminal_only_p50_ms": round(statistics.median(spent["terminal_only"]), 3),
+        "store_one_p50_ms": round(statistics.median(spent["store"]), 3),
+    }
 
 
 def run(args) -> dict:
@@ -410,6 +459,7 @@ def run(args) -> dict:
     default_mem_ms, _ = timed(default_work_mem, args.runs)
     charts_ms, _ = timed(lambda: dashboard.daily_series(now.date() - timedelta(days=29), now.date()), args.runs)
     drain = drain_batches(columns, 30)
+    writes = ledger_writes(columns)
     if args.explain:
         with transaction.atomic():
             with connection.cursor() as cursor:
@@ -433,6 +483,8 @@ def run(args) -> dict:
         "daily_rollup_rows": daily_rows,
         "latency_rollup_rows": latency_rows,
         "drain_batch_500_ms": drain,
+        **writes,
+        "write_method": "on the path: the terminal event with the row queued (MULTI/EXEC); stored off the path",
         "load_s": round(load_s, 1),
         "generate_s": round(generate_s, 1),
         "month_to_date_usd": str(current.cost_usd.quantize(Decimal("0.01"))) if current else None,

@@ -130,7 +130,6 @@ class Outcome:
     error: dict | None = None
     attempts: int = 0
     upstream_key_id: int | None = None
-    key_succeeded: bool = False
     started: float = field(default_factory=time.time)  # Unix time: it crosses processes
     first_token_at: float | None = None
 
@@ -450,7 +449,6 @@ class Routing:
                 retry_after_s=exc.retry_after_s,
             )
             return Failure.of(exc)
-        self.outcome.key_succeeded = True  # counted on the key with the ledger row, in one statement
         return None
 
     def attempt_local(self, route: Route) -> Failure | None:
@@ -532,7 +530,7 @@ def _run(request_id: str, payload: dict, writer: PipelinedStreamWriter) -> dict:
         handover = routing.run()
         writer.flush()
         return {"request_id": request_id, "status": "handed_over", **handover}
-    except Done:
+    except Done:  # answered: the stats event below ends the stream
         pass
     except Stop as stop:
         outcome.error = {**stop.failure.as_dict(), "attempts": outcome.attempts}

@@ -11,8 +11,8 @@ what the admin shows). Each function here is one SQL statement, one round trip:
   is taken anyway (waiting the few microseconds for its lock) rather than reporting none.
 - ``route_with_key``: a route with its provider and the first key of a request, picked as
   ``pick`` does, in the statement that loads the route.
-- ``report_success``: consecutive failures back to 0, ``success_count`` + 1 (a routed request
-  sends ``SUCCESS`` with its ledger row instead, in one statement: ``inference.execution``).
+- ``report_success``: consecutive failures back to 0, ``success_count`` + 1 (a routed request's
+  success is counted when its ledger row is stored instead: ``billing.ledger``).
 - ``report_failure``: by the attempt's error kind (``inference.remote.UpstreamError``):
 
   ==================  ===================================================================
@@ -105,7 +105,7 @@ AND (k.status = 'active' OR (k.status = 'cooling_down' AND k.cooldown_until <= c
 {no_flush}
 RETURNING k.id, k.provider_id, k.label, k.last_four, k.secret_encrypted
 """
-SUCCESS = "UPDATE inference_upstreamkey SET consecutive_failures = 0, success_count = success_count + 1 WHERE id = %s"
+_SUCCESS = "UPDATE inference_upstreamkey SET consecutive_failures = 0, success_count = success_count + 1 WHERE id = %s"
 # Rotation and success counts are bookkeeping: their commits need not wait for the WAL
 # flush (a database crash could lose the last fraction of a second of them, nothing
 # else), which saves about a quarter of a millisecond per statement on the request path.
@@ -134,7 +134,7 @@ def pick(provider_id: int, *, exclude: tuple[int, ...] | list[int] | set[int] = 
 def report_success(key_id: int) -> None:
     """(A routed request does this in the statement that writes its ledger row.)"""
     with cursor() as cursor_:
-        cursor_.execute(SUCCESS + " " + (_NO_FLUSH if not connection.in_atomic_block else ""), [key_id])
+        cursor_.execute(_SUCCESS + " " + (_NO_FLUSH if not connection.in_atomic_block else ""), [key_id])
 
 
 def route_with_key(route_id: int) -> tuple:

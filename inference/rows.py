@@ -2,16 +2,12 @@
 
 On that path, compiling an ORM query costs several times its round trip to PostgreSQL
 (measured in ``benchmarks/router_overhead.py``), and one statement can do the work of
-several ORM calls (a route with its provider, its live canary release and a key, or a key's
-success with the ledger row). ``Rows`` lists the columns of several models for a SELECT and
-turns a result row back into instances the way the ORM does (``Model.from_db`` and each
-field's ``from_db_value``); ``insert_values`` prepares an instance's INSERT the way
-``Model.save`` does (``pre_save`` and ``get_db_prep_save`` for every field).
+several ORM calls (a route with its provider, its live canary release and a key). ``Rows``
+lists the columns of several models for a SELECT and turns a result row back into
+instances the way the ORM does (``Model.from_db`` and each field's ``from_db_value``).
 """
 
 from __future__ import annotations
-
-import functools
 
 from django.conf import settings
 from django.db import connection
@@ -64,20 +60,3 @@ def fetch_one(sql: str, params):
     with cursor() as cursor_:
         cursor_.execute(sql, params)
         return cursor_.fetchone()
-
-
-def insert_values(instance) -> tuple[str, list]:
-    """``INSERT ... RETURNING`` the primary key of a new instance, and its values, as
-    ``Model.save`` would send them (the auto primary key left to the database)."""
-    sql, fields = _insert_sql(type(instance))
-    return sql, [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
-
-
-@functools.cache
-def _insert_sql(model) -> tuple[str, list]:
-    meta = model._meta
-    fields = [field for field in meta.concrete_fields if not (field.primary_key and field.db_returning)]
-    columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
-    placeholders = ", ".join(["%s"] * len(fields))
-    table, pk = connection.ops.quote_name(meta.db_table), connection.ops.quote_name(meta.pk.column)
-    return f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) RETURNING {pk}", fields  # noqa: S608
