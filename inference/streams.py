@@ -204,3 +204,51 @@ def stream_read(request_id: str, *, after: str = "0", block_ms: int = 15000) -> 
             yield last, kind, json.loads(fields[b"data"])
             if kind in TERMINAL:
                 return
+
+
+# --------------------------------------------------------------------------- async readers
+#
+# For the web tier under ASGI (uvicorn): Django buffers a StreamingHttpResponse whose
+# iterator is synchronous before sending any of it, so Server-Sent Events must come from
+# an async iterator. One asyncio client per event loop (redis.asyncio pools are bound to
+# the loop that made them).
+
+_async_clients: dict[tuple[int, str], object] = {}
+
+
+def redis_async_client():
+    import asyncio
+
+    import redis.asyncio
+
+    loop_id = id(asyncio.get_running_loop())
+    key = (loop_id, settings.REDIS_URL)
+    client = _async_clients.get(key)
+    if client is None:
+        client = redis.asyncio.Redis.from_url(settings.REDIS_URL, socket_timeout=30, socket_connect_timeout=5)
+        _async_clients[key] = client
+    return client
+
+
+async def stream_aread(request_id: str, *, after: str = "0", block_ms: int = 15000):
+    """``stream_read`` for async code: ``(event_id, type, data)`` from ``after`` on until a
+    ``stats`` or ``error`` event; ``TimeoutError`` if nothing arrives for ``block_ms``."""
+    client = redis_async_client()
+    key = stream_key(request_id)
+    last = after
+    while True:
+        waited_ms = 0
+        while True:
+            slice_ms = max(1, min(_READ_SLICE_MS, block_ms - waited_ms))
+            response = await client.xread({key: last}, count=100, block=slice_ms)
+            if response:
+                break
+            waited_ms += slice_ms
+            if waited_ms >= block_ms:
+                raise TimeoutError(f"no event on {key} for {block_ms} ms")
+        for event_id, fields in response[0][1]:
+            last = event_id.decode()
+            kind = fields[b"type"].decode()
+            yield last, kind, _data(fields[b"data"])
+            if kind in TERMINAL:
+                return

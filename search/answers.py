@@ -543,3 +543,24 @@ def answer_stream_read(answer: Answer, *, after: str = "0", block_ms: int = 1500
                 yield "0-2", "error", {"field": None, "kind": "answer_failed", "message": answer.error}
             return
     yield from stream_read(str(answer.id), after=after, block_ms=block_ms)
+
+
+async def answer_stream_aread(answer_id, *, after: str = "0", block_ms: int = 15000):
+    """``answer_stream_read`` for async views (Server-Sent Events under ASGI): the same
+    events, the stored answer replayed when its stream has expired or never started."""
+    from asgiref.sync import sync_to_async
+
+    from inference.streams import redis_async_client, stream_aread
+
+    if not await redis_async_client().exists(stream_key(str(answer_id))):
+        answer = await sync_to_async(Answer.objects.only("status", "text", "stats", "error").get)(pk=answer_id)
+        if answer.status in (Answer.Status.DONE, Answer.Status.FAILED):
+            if after < "0-1" and answer.text:
+                yield "0-1", "delta", {"text": answer.text}
+            if answer.status == Answer.Status.DONE:
+                yield "0-2", "stats", dict(answer.stats)
+            else:
+                yield "0-2", "error", {"field": None, "kind": "answer_failed", "message": answer.error}
+            return
+    async for event in stream_aread(str(answer_id), after=after, block_ms=block_ms):
+        yield event

@@ -22,7 +22,7 @@ from inference.models import Provider, Route, UpstreamKey
 from inference.router import RouteNotFound, RouteUnavailable
 from inference.streams import StreamWriter, stream_read
 from search import answers
-from search.answers import AnswerError, answer_create, answer_stream_read
+from search.answers import AnswerError, answer_create, answer_fail, answer_stream_read
 from search.extractive import LEAD
 from search.ingest import pipeline
 from search.models import Answer, Chunk, Collection, Document
@@ -602,3 +602,36 @@ def test_a_generation_whose_process_dies_fails_the_answer_and_is_still_billed(wo
     assert (record.status, record.error_class) == ("error", "worker_lost")
     assert record.completion_tokens == len(streamed)
     assert record.route_name == "default" and record.provider_id == provider.pk
+
+
+@pytest.mark.django_db(transaction=True)  # the async reader's queries run on another thread's connection
+def test_the_async_reader_yields_what_the_sync_reader_yields(corpus):
+    import asyncio
+
+    from search.answers import answer_stream_aread
+
+    workspace, _ = corpus
+    answer = answer_create(workspace=workspace, question="How does lift change with the angle of attack?")
+
+    async def read_all():
+        return await read_all_of(answer.pk)
+
+    assert answer.status == Answer.Status.DONE  # extractive: no route
+    assert asyncio.run(read_all()) == list(answer_stream_read(answer))
+    # An answer that never streamed is replayed from its stored record.
+    failed = pending_answer(workspace)
+    answer_fail(failed.pk, "the upstream refused the request")
+    assert asyncio.run(read_all_of(failed.pk)) == [
+        ("0-2", "error", {"field": None, "kind": "answer_failed", "message": "the upstream refused the request"})
+    ]
+
+
+async def read_all_of(answer_id):
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    from search.answers import answer_stream_aread
+
+    events = [event async for event in answer_stream_aread(answer_id)]
+    await sync_to_async(connections.close_all)()  # the reader's thread's connection, as a request's end does
+    return events
