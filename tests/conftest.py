@@ -120,3 +120,52 @@ def upstream_server():
 
     with serving() as base_url:
         yield base_url
+
+
+@contextmanager
+def web_server(tmp_path: Path, *, env: dict[str, str] | None = None) -> Iterator[str]:
+    """The site under uvicorn (ASGI, as ``manage.py up`` runs it) in its own process group,
+    on the test database and Redis, on a free loopback port; yields its base URL
+    (``http://127.0.0.1:PORT``) once ``/healthz`` answers. For tests that need a real HTTP
+    server: the official ``openai`` client, a browser, Server-Sent Events."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log_path = tmp_path / f"web-{port}.log"
+    env = dict(os.environ, DATABASE_URL=database_url_for_current_test_db(), PYTHONUNBUFFERED="1", **(env or {}))
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "ragsite.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+             "--lifespan", "off", "--timeout-graceful-shutdown", "5"],
+            cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    server = WorkerProcess(name=f"web:{port}", process=process, log_path=log_path)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base_url}/healthz", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the web server did not start:\n{server.log()[-4000:]}")
+            time.sleep(0.1)
+        yield base_url
+    finally:
+        server.stop(timeout=15)
+
+
+@pytest.fixture
+def start_web(tmp_path):
+    """Factory fixture: ``with start_web() as base_url: ...`` (a uvicorn process on the test database)."""
+
+    def factory(**kwargs):
+        return web_server(tmp_path, **kwargs)
+
+    return factory
