@@ -608,8 +608,6 @@ def test_a_generation_whose_process_dies_fails_the_answer_and_is_still_billed(wo
 def test_the_async_reader_yields_what_the_sync_reader_yields(corpus):
     import asyncio
 
-    from search.answers import answer_stream_aread
-
     workspace, _ = corpus
     answer = answer_create(workspace=workspace, question="How does lift change with the angle of attack?")
 
