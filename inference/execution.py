@@ -185,6 +185,13 @@ class Budget:
 # --------------------------------------------------------------------------- attempts
 
 
+def speculative_settings(provider, payload: dict) -> dict:
+    """The provider's speculative settings with the request's own (``payload["speculative"]``,
+    from the OpenAI-compatible API) over them; each backend validates the result as it
+    validates the provider's (``inference.remote.validate``, the engine's ``validate``)."""
+    return {**provider.speculative_settings(), **(payload.get("speculative") or {})}
+
+
 def local_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     """The chat template when the model has one; else the messages' contents, blank-line joined."""
     if getattr(tokenizer, "chat_template", None):
@@ -429,12 +436,12 @@ class Routing:
             top_p=float(payload["top_p"]),
             stop=tuple(payload.get("stop") or ()),
             seed=payload.get("seed"),
-            speculative=provider.speculative_settings(),
+            speculative=speculative_settings(provider, payload),
         )
         try:
             for piece in stream_chat(endpoint, request):
                 if isinstance(piece, RemoteStats):
-                    self.outcome.stats = piece.as_dict()
+                    self.outcome.stats = {**piece.as_dict(), "speculative_method": request.speculative["method"]}
                 else:
                     self.delta(piece)
         except GenerationError as exc:
@@ -457,8 +464,8 @@ class Routing:
         sent = 0
         try:
             models = models_load(provider.model, provider.draft_model or None)
-            spec = provider.speculative_settings()
             payload = self.payload
+            spec = speculative_settings(provider, payload)
             request = GenerationRequest(
                 prompt_ids=local_prompt_ids(models.tokenizer, payload["messages"]),
                 max_tokens=int(payload["max_tokens"]),
@@ -480,7 +487,8 @@ class Routing:
                 context_window=min(models.context_window, provider.context_window),
             ):
                 if isinstance(piece, GenerationStats):
-                    self.outcome.stats = {**piece.as_dict(), "usage_source": "engine"}
+                    method = request.speculative.method
+                    self.outcome.stats = {**piece.as_dict(), "usage_source": "engine", "speculative_method": method}
                 else:
                     sent += 1
                     self.delta(piece)

@@ -220,8 +220,12 @@ def payload_for(
     user_id: int | None = None,
     client_key_id: int | None = None,
     admission: dict | None = None,
+    speculative: dict | None = None,
 ) -> dict:
-    """The task's payload: ids and the request, the route's defaults where the request is silent."""
+    """The task's payload: ids and the request, the route's defaults where the request is silent.
+
+    ``speculative``: this request's speculative settings (``method``, ``k``, ``draft_model``),
+    merged over the serving provider's own by the worker (``inference.execution``)."""
     route = plan.route
     return {
         "route_id": route.id,
@@ -239,6 +243,7 @@ def payload_for(
         "client_key_id": client_key_id,
         # The client key's admission (billing.limits.Admission.as_json), settled with the ledger row.
         "admission": admission,
+        "speculative": speculative,
     }
 
 

@@ -83,12 +83,15 @@ def answer_create(
     max_tokens: int | None = None,
     temperature: float | None = None,
     client_key=None,
+    speculative: dict | None = None,
 ) -> Answer:
     """Answer ``question`` from ``collections`` (default: all of the workspace's); see the module docstring.
 
     ``client_id``: whose canary arm applies (an API key's id); defaults to the asker's id.
     ``client_key``: the API key asking (``billing.models.ClientKey``): each generation
     request is admitted against its limits first (``billing.limits``) and billed to it.
+    ``speculative``: this request's speculative settings (``method``, ``k``, ``draft_model``)
+    over the serving provider's (``inference.router.payload_for``); None keeps the provider's.
     Returns the stored answer: ``generating`` (follow ``answer_stream_read``), or ``done``
     when extractive. Raises ``AnswerError``, ``RouteNotFound``, ``RouteUnavailable`` or
     ``billing.limits.LimitExceeded``.
@@ -114,7 +117,7 @@ def answer_create(
     answer.collections.set(chosen)
     answer.client_key = client_key  # for this call only; the ledger rows record it
     try:
-        return _answer_run(answer, chosen, route_name, top_k, max_tokens, temperature, started)
+        return _answer_run(answer, chosen, route_name, top_k, max_tokens, temperature, started, speculative)
     except Exception as exc:
         answer_fail(answer.pk, _reason(exc))
         raise
@@ -152,7 +155,7 @@ def _collections_resolve(workspace: Workspace, collections) -> list[Collection]:
     return found
 
 
-def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature, started) -> Answer:
+def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature, started, speculative) -> Answer:
     try:
         plan = router.plan(route_name=route_name, client_id=answer.client_id, request_id=str(answer.id))
     except router.NoRouteConfigured:
@@ -194,6 +197,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         "workspace_id": answer.workspace_id,
         "user_id": answer.asker_id,
         "client_key_id": client_key.pk if client_key is not None else None,
+        "speculative": speculative,
     }
     if prompt.strategy == "single":
         [request] = prompt.requests
@@ -218,6 +222,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         "max_tokens": budget.max_tokens,
         "temperature": temperature,
         "client_key_id": common["client_key_id"],
+        "speculative": speculative,
         "maps": maps,
     }
     answer.save()
@@ -504,6 +509,7 @@ def answer_map_collect(*, answer_id, index: int, result) -> bool:
                         workspace_id=answer.workspace_id,
                         user_id=answer.asker_id,
                         client_key_id=key_id,
+                        speculative=state.get("speculative"),
                         link=signature("search.tasks.answer_finalize", args=(str(answer.id),)),
                         link_error=signature("search.tasks.answer_generation_lost", args=(str(answer.id),)),
                     )

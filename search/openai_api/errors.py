@@ -1,0 +1,143 @@
+"""Errors of the OpenAI-compatible API, in OpenAI's shape and statuses.
+
+Every refusal is ``{"error": {"message", "type", "param", "code"}}`` with the status the
+official SDKs map to their own exceptions (``openai-python``'s ``_make_status_error``):
+400 ``BadRequestError``, 401 ``AuthenticationError``, 403 ``PermissionDeniedError``, 404
+``NotFoundError``, 429 ``RateLimitError``, >= 500 ``InternalServerError``; 402 (a spent
+budget) becomes the SDK's plain ``APIStatusError``. ``param`` names the request field at
+fault, as OpenAI does (``messages``, ``speculative_decoding.draft_tokens``...).
+
+Retries: the SDKs retry 408, 409, 429 and 5xx by themselves (twice by default), waiting
+``retry-after-ms`` / ``Retry-After`` when given (at most 60 s). Refusals carry both headers
+when we know when to come back, and ``x-should-retry: false`` (which the SDKs obey) when a
+retry cannot succeed by itself: no key will come back, a limit of 0 requests, an upstream
+that refused the request.
+"""
+
+from __future__ import annotations
+
+import math
+
+from django.http import JsonResponse
+
+from billing.client_keys import ClientKeyError
+from billing.limits import LimitExceeded
+from inference.router import RouteNotFound, RouteUnavailable
+
+# The error "type" per status, after OpenAI's own names where it has one.
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "insufficient_quota",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+class ApiError(Exception):
+    """A request answered with an OpenAI-shaped error. ``retry_after_s``: when to come back
+    (``Retry-After``); ``retryable=False`` tells the SDKs not to retry by themselves."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+        retryable: bool | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after_s = retry_after_s
+        self.retryable = retryable
+
+    @property
+    def type(self) -> str:
+        return _TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JsonResponse:
+        response = JsonResponse(self.body(), status=self.status)
+        if self.retry_after_s is not None:
+            response["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+            response["retry-after-ms"] = str(max(0, round(self.retry_after_s * 1000)))
+        if self.retryable is False:
+            response["x-should-retry"] = "false"
+        if self.status == 401:
+            response["WWW-Authenticate"] = 'Bearer realm="api"'
+        return response
+
+
+def invalid(param: str | None, message: str, code: str = "invalid_value") -> ApiError:
+    """A 400 naming the field at fault."""
+    return ApiError(400, message, param=param, code=code)
+
+
+def from_client_key(error: ClientKeyError) -> ApiError:
+    """401 for a missing, unknown, expired or revoked key; 403 for a missing scope."""
+    return ApiError(error.status, error.message, code=error.code)
+
+
+def from_limit(error: LimitExceeded) -> ApiError:
+    """429 with ``Retry-After`` for a per-minute limit (or a budget held by requests in
+    flight), 402 for a spent budget or an unpriced model under a budget."""
+    retryable = False if error.status == 429 and error.retry_after_s is None else None
+    return ApiError(
+        error.status, error.message, code=error.code, retry_after_s=error.retry_after_s, retryable=retryable
+    )
+
+
+def from_route_not_found(error: RouteNotFound) -> ApiError:
+    return ApiError(404, str(error), param="model", code="model_not_found")
+
+
+def from_route_unavailable(error: RouteUnavailable) -> ApiError:
+    """503: every key that could serve is cooling down or disabled. Without a time when one
+    comes back, retrying cannot help until an operator acts."""
+    return ApiError(
+        503,
+        str(error),
+        code="route_unavailable",
+        retry_after_s=error.retry_after_s,
+        retryable=False if error.retry_after_s is None else None,
+    )
+
+
+# A generation's terminal ``error`` event (``inference.execution.Failure.as_dict``): its kind
+# -> the status a non-streamed request answers.
+_GENERATION_STATUS = {
+    "unavailable": 503,
+    "rate_limited": 503,  # every upstream key rate limited, after the router's own retries
+    "invalid_request": 400,
+    "timeout": 504,
+}
+
+
+def from_generation(error: dict) -> ApiError:
+    """A failed generation: 503 when nothing could serve (with ``Retry-After``), 400 for a
+    request the backend refused naming a field, 504 for a deadline, 502 otherwise (the
+    upstream or the engine failed)."""
+    kind = error.get("kind") or "generation_failed"
+    status = _GENERATION_STATUS.get(kind, 502)
+    retry_after_s = error.get("retry_after_s")
+    # The event's own "retryable" is about the same stream (not after tokens were shown); a
+    # new request from the client starts afresh, so only what fails everywhere is final.
+    final = kind in ("bad_request", "invalid_request") or (kind == "unavailable" and retry_after_s is None)
+    return ApiError(
+        status,
+        str(error.get("message") or "the generation failed"),
+        param=error.get("field") if status == 400 else None,
+        code=kind,
+        retry_after_s=retry_after_s,
+        retryable=False if final else None,
+    )

@@ -1,0 +1,319 @@
+"""The OpenAI-compatible API end to end, through the official ``openai`` client.
+
+A real uvicorn process serves the site on the test database (one for the module: each
+start costs seconds, and the embedder's first load more); tests commit their rows
+(``transaction=True``) so that it sees them. Most tests run without a route (extractive
+answers over a small ingested collection); the last one generates through the
+OpenAI-protocol stand-in with ``remote`` and ``default`` workers.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import openai
+import pytest
+
+from billing import client_keys, ledger
+from billing.models import UsageRecord
+from inference.models import Provider, Route, UpstreamKey
+from search.embedders import embedder_get
+from search.models import Answer
+from search.services import collection_create, workspace_create
+from tests.conftest import web_server
+from tests.search.test_answers import DOCUMENTS, ingest
+from tests.upstream_server import upstream_log, upstream_script
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="module")
+def site(django_db_setup, django_db_blocker, tmp_path_factory):
+    """The site's base URL (``http://127.0.0.1:PORT``), served by uvicorn for the module's tests."""
+    with django_db_blocker.unblock(), web_server(tmp_path_factory.mktemp("openai-web")) as base_url:
+        yield base_url
+
+
+@pytest.fixture
+def workspace(db):
+    workspace = workspace_create(name="Acme", slug="acme")
+    ingest(collection_create(workspace=workspace, name="Handbook"), DOCUMENTS)
+    return workspace
+
+
+def client_for(site: str, token: str) -> openai.OpenAI:
+    # No retries: a test sees each refusal itself (the SDK would wait out a Retry-After).
+    return openai.OpenAI(base_url=f"{site}/v1", api_key=token, max_retries=0, timeout=60)
+
+
+def key_for(workspace, *scopes: str, **limits) -> str:
+    _, token = client_keys.create(workspace, f"key-{uuid.uuid4().hex[:6]}", scopes=list(scopes), **limits)
+    return token
+
+
+def answer_of(completion_id: str) -> Answer:
+    return Answer.objects.get(pk=completion_id.removeprefix("chatcmpl-"))
+
+
+QUESTION = [{"role": "user", "content": "How long does charging take?"}]
+
+
+# --------------------------------------------------------------------------- extractive answers
+
+
+def test_models_lists_what_answers_without_a_route(site, workspace):
+    client = client_for(site, key_for(workspace, "search"))
+    assert [model.id for model in client.models.list()] == ["extractive", "all-MiniLM-L6-v2"]
+    assert client.models.retrieve("extractive").owned_by == "search"
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("gpt-4o")
+    assert (caught.value.code, caught.value.param) == ("model_not_found", "model")
+
+
+def test_a_chat_completion_is_the_extractive_answer_with_its_citations(site, workspace):
+    client = client_for(site, key_for(workspace, "generate"))
+    completion = client.chat.completions.create(
+        model="gpt-4o-mini",  # any model: without a route the answer is extractive
+        messages=[{"role": "system", "content": "Be brief."}, *QUESTION],
+    )
+    answer = answer_of(completion.id)
+    assert (answer.mode, answer.status, answer.question) == ("extractive", "done", QUESTION[0]["content"])
+    assert answer.client_id == str(answer.workspace.client_keys.get().pk)
+    assert completion.object == "chat.completion" and completion.model == "extractive"
+    [choice] = completion.choices
+    assert (choice.message.role, choice.message.content, choice.finish_reason) == ("assistant", answer.text, "stop")
+    assert "Charging takes 90 minutes." in answer.text
+    assert completion.usage.total_tokens == 0  # no model ran
+    assert completion.citations == [
+        {key: citation[key] for key in ("number", "document_id", "chunk_id", "title", "start_offset", "end_offset")}
+        for citation in answer.citations
+    ]
+    assert completion.citations and completion.inference_time_ms == answer.timings["prompt_ms"]
+    assert completion.speculative == {
+        "method": "off",
+        "draft_tokens_proposed": 0,
+        "draft_tokens_accepted": 0,
+        "draft_accepted": None,
+    }
+
+
+def test_a_streamed_chat_completion_ends_with_the_usage_chunk(site, workspace):
+    client = client_for(site, key_for(workspace, "generate"))
+    stream = client.chat.completions.create(
+        model="extractive", messages=QUESTION, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    answer = answer_of(chunks[0].id)
+    assert {chunk.id for chunk in chunks} == {f"chatcmpl-{answer.pk}"}
+    assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert text == answer.text != ""
+    finish, usage = chunks[-2], chunks[-1]
+    assert finish.choices[0].finish_reason == "stop" and finish.usage is None
+    assert [c["chunk_id"] for c in finish.citations] == [c["chunk_id"] for c in answer.citations]
+    assert usage.choices == [] and usage.usage.total_tokens == 0
+    # Without include_usage there is no usage chunk.
+    plain = list(client.chat.completions.create(model="extractive", messages=QUESTION, stream=True))
+    assert plain[-1].choices[0].finish_reason == "stop"
+
+
+def test_embeddings_are_the_built_in_models_and_are_billed_to_the_key(site, workspace):
+    token = key_for(workspace, "search")
+    client = client_for(site, token)
+    texts = ["How long does charging take?", "Lift rises with the angle of attack."]
+    response = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)  # the SDK asks for base64
+    assert [item.index for item in response.data] == [0, 1]
+    assert all(len(item.embedding) == 384 for item in response.data)
+    expected = embedder_get("all-MiniLM-L6-v2").embed_documents(texts)
+    for item, vector in zip(response.data, expected, strict=True):
+        assert float(np.dot(item.embedding, vector)) > 0.999
+    tokens = sum(len(embedder_get("all-MiniLM-L6-v2").token_offsets(text)) for text in texts)
+    assert response.usage.prompt_tokens == response.usage.total_tokens == tokens
+    single = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0], encoding_format="float")
+    assert np.allclose(single.data[0].embedding, response.data[0].embedding, atol=1e-3)
+
+    ledger.drain()
+    rows = UsageRecord.objects.filter(kind=UsageRecord.Kind.EMBEDDING, client_key__isnull=False)
+    assert sorted(rows.values_list("prompt_tokens", flat=True)) == sorted([tokens, single.usage.prompt_tokens])
+    assert set(rows.values_list("workspace_id", "model")) == {(workspace.pk, "all-MiniLM-L6-v2")}
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model="text-embedding-3-small", input="hello")
+    assert (caught.value.param, caught.value.code) == ("model", "model_not_found")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model="all-MiniLM-L6-v2", input="word " * 400)
+    assert caught.value.param == "input" and "at most 254" in caught.value.message
+
+
+def test_refusals_are_the_sdks_own_exceptions(site, workspace):
+    with pytest.raises(openai.AuthenticationError) as caught:
+        client_for(site, "rk_notakey").chat.completions.create(model="extractive", messages=QUESTION)
+    assert caught.value.code == "invalid_api_key"
+
+    searcher = client_for(site, key_for(workspace, "search"))
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        searcher.chat.completions.create(model="extractive", messages=QUESTION)
+    assert caught.value.code == "insufficient_scope"
+    with pytest.raises(openai.PermissionDeniedError):
+        client_for(site, key_for(workspace, "generate")).embeddings.create(model="all-MiniLM-L6-v2", input="x")
+
+    generator = client_for(site, key_for(workspace, "generate"))
+    for extra_body, param in [
+        ({"speculative_decoding": {"enabled": True, "draft_tokens": 99}}, "speculative_decoding.draft_tokens"),
+        ({"speculative_decoding": {"draft_tokens": 4, "ratio": 2}}, "speculative_decoding.ratio"),
+        ({"enable_speculative": "on"}, "enable_speculative"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as caught:
+            generator.chat.completions.create(model="extractive", messages=QUESTION, extra_body=extra_body)
+        assert caught.value.param == param, caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        generator.chat.completions.create(model="extractive", messages=[{"role": "assistant", "content": "Hi"}])
+    assert caught.value.param == "messages"
+
+    limited = client_for(site, key_for(workspace, "generate", requests_per_minute=1))
+    limited.chat.completions.create(model="extractive", messages=QUESTION)
+    with pytest.raises(openai.RateLimitError) as caught:
+        limited.chat.completions.create(model="extractive", messages=QUESTION)
+    assert caught.value.code == "rate_limited"
+    assert 1 <= int(caught.value.response.headers["retry-after"]) <= 60
+
+
+# --------------------------------------------------------------------------- generation
+
+
+CITED = "Charging takes 90 minutes [1]."
+
+
+def remote_route(upstream_server) -> str:
+    api_key = f"sk-openai-api-{uuid.uuid4().hex}"
+    provider = Provider.objects.create(
+        name="stand-in",
+        kind=Provider.Kind.OPENAI_COMPATIBLE,
+        base_url=upstream_server,
+        model="stand-in-7b",
+        draft_model="stand-in-draft",
+        first_token_timeout_s=20,
+        total_timeout_s=60,
+    )
+    key = UpstreamKey(provider=provider, label="main")
+    key.set_secret(api_key)
+    key.save()
+    Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=64)
+    return api_key
+
+
+def wait_done(answer_id, timeout: float = 30) -> Answer:
+    deadline = time.monotonic() + timeout
+    while (answer := Answer.objects.get(pk=answer_id)).status not in ("done", "failed"):
+        assert time.monotonic() < deadline, f"answer {answer_id} still {answer.status}"
+        time.sleep(0.1)
+    return answer
+
+
+@pytest.mark.slow
+def test_a_generation_streams_with_usage_and_speculative_options_reach_the_upstream(
+    site, workspace, upstream_server, start_worker
+):
+    api_key = remote_route(upstream_server)
+    upstream_script(upstream_server, api_key, ["ok", "ok", {"cut_after_tokens": 2}, {"status": 400}, {"status": 400}])
+    client = client_for(site, key_for(workspace, "generate"))
+    messages = [{"role": "user", "content": f"How long does charging take?\nREPLY: {CITED}"}]
+    with start_worker(["remote"], pool="threads"), start_worker(["default"]):
+        assert [model.id for model in client.models.list()][:2] == ["default", "stand-in-7b"]
+
+        completion = client.chat.completions.create(
+            model="default", messages=messages, extra_body={"enable_speculative": True, "draft_model": "stand-in-draft"}
+        )
+        assert completion.choices[0].message.content == CITED and completion.model == "default"
+        assert completion.citations[0]["number"] == 1
+        assert completion.speculative == {
+            "method": "draft",  # an upstream reports no draft counts per request
+            "draft_tokens_proposed": None,
+            "draft_tokens_accepted": None,
+            "draft_accepted": None,
+        }
+        assert completion.inference_time_ms > 0
+
+        stream = client.chat.completions.create(
+            model="gpt-4o",  # not a route: the default one
+            messages=messages,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"speculative_decoding": {"enabled": True, "draft_tokens": 6}},
+        )
+        chunks = list(stream)
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+        assert streamed == CITED == wait_done(chunks[0].id.removeprefix("chatcmpl-")).text
+        assert len([chunk for chunk in chunks if chunk.choices and chunk.choices[0].delta.content]) == 5
+        assert chunks[-2].choices[0].finish_reason == "stop"
+        assert chunks[-2].speculative["method"] == "draft"
+
+        with pytest.raises(openai.APIError) as caught:  # cut mid-stream: the stream's error event
+            list(client.chat.completions.create(model="default", messages=messages, stream=True))
+        assert caught.value.code == "broken_stream"
+        with pytest.raises(openai.InternalServerError) as caught:  # the upstream refused it: 502
+            client.chat.completions.create(model="default", messages=messages)
+        assert caught.value.code == "bad_request"
+        assert caught.value.response.headers["x-should-retry"] == "false"  # it would fail the same again
+        with pytest.raises(openai.InternalServerError):  # streamed: a failure before any token has its status
+            client.chat.completions.create(model="default", messages=messages, stream=True)
+
+    first, second, cut, refused, refused_streamed = upstream_log(upstream_server, api_key)
+    assert first["speculative_config"] == {
+        "method": "draft_model",
+        "num_speculative_tokens": 4,
+        "model": "stand-in-draft",
+    }
+    assert second["speculative_config"] == {
+        "method": "draft_model",
+        "num_speculative_tokens": 6,
+        "model": "stand-in-draft",
+    }
+    assert cut["speculative_config"] is None  # the provider's own settings: off
+    usage = chunks[-1].usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (second["prompt_tokens"], 5)
+    assert usage.total_tokens == second["prompt_tokens"] + 5
+    assert (cut["outcome"], refused["outcome"], refused_streamed["outcome"]) == (
+        "cut after 2 tokens",
+        "status 400",
+        "status 400",
+    )
+
+
+@pytest.mark.slow
+def test_the_local_engine_reports_its_draft_tokens_and_takes_the_requests_settings(
+    site, workspace, start_worker, tmp_path
+):
+    from tests.inference.tiny_models import tiny_model_save
+
+    provider = Provider.objects.create(
+        name="pool", kind=Provider.Kind.LOCAL, model=tiny_model_save(tmp_path / "tiny"), context_window=512
+    )  # speculation off unless a request asks for it
+    Route.objects.create(name="pool", provider=provider, is_default=True, max_tokens=12)
+    client = client_for(site, key_for(workspace, "generate"))
+    with start_worker(["gpu"]), start_worker(["default"]):
+        asked = client.chat.completions.create(
+            model="pool", messages=QUESTION, extra_body={"speculative_decoding": {"draft_tokens": 3}}
+        )
+        plain = client.chat.completions.create(model="pool", messages=QUESTION)
+        stored = wait_done(asked.id.removeprefix("chatcmpl-"))
+    # The engine ran the request's k (3), not the provider's (4): one counter per position.
+    assert len(stored.stats["accepted_per_position"]) == 3
+    spec = asked.speculative
+    assert spec["method"] == "ngram"  # no draft model: prompt lookup
+    assert spec["draft_tokens_proposed"] >= spec["draft_tokens_accepted"] >= 0
+    if spec["draft_tokens_proposed"]:
+        assert spec["draft_accepted"] == round(spec["draft_tokens_accepted"] / spec["draft_tokens_proposed"], 4)
+    assert (asked.usage.completion_tokens, asked.choices[0].finish_reason) == (12, "length")
+    assert asked.inference_time_ms > 0
+    assert plain.speculative == {
+        "method": "off",
+        "draft_tokens_proposed": 0,
+        "draft_tokens_accepted": 0,
+        "draft_accepted": None,
+    }
+    # Greedy either way: speculation changes the speed, never the text.
+    assert plain.choices[0].message.content == asked.choices[0].message.content
