@@ -52,6 +52,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "django_htmx",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served by us: the API docs need no CDN
     "ragsite",
     "search",
     "inference",
@@ -65,6 +68,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -216,7 +220,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-LOGIN_URL = "admin:login"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "ui:search"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -268,4 +273,31 @@ LOGGING = {
 REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # REST API v1 (search/api/throttling.py): requests per client (API key, else user) on
+    # the endpoints other than creating answers, which billing.limits meters per key.
+    "DEFAULT_THROTTLE_RATES": {"api": "600/minute"},
+}
+
+# The REST API's OpenAPI schema (/api/schema/) and docs (/api/docs/): docs/api.md.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "RAG search API",
+    "DESCRIPTION": "Collections, documents, search, cited answers and usage of one workspace. See docs/api.md.",
+    "VERSION": "1.0.0",
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "DocumentStatusEnum": "search.models.Document.Status",
+        "AnswerStatusEnum": "search.models.Answer.Status",
+        "AnswerModeEnum": "search.models.Answer.Mode",
+        "SearchModeEnum": "search.selectors.MODES",
+    },
+    "PREPROCESSING_HOOKS": ["search.api.schema.api_v1_only"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "search.api.schema.add_answer_stream",
+    ],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }

@@ -1,6 +1,6 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from django.views.generic import TemplateView
 
 from ragsite import health
 
@@ -9,9 +9,13 @@ admin.site.site_title = "RAG search admin"
 admin.site.index_template = "billing/dashboard/admin_index.html"  # the admin index, with links to the dashboards
 
 urlpatterns = [
-    path("", TemplateView.as_view(template_name="ragsite/home.html"), name="home"),
+    path("", include("search.ui.urls")),  # the browser UI; its search page is the home page
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(next_page="login"), name="logout"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("api/", include("search.api.urls")),
     path("admin/billing/dashboard/", include("billing.urls")),
     path("admin/", admin.site.urls),
+    path("v1/", include("search.openai_api.urls")),
 ]

@@ -1,0 +1,81 @@
+"""Forms of the browser UI. Collections are always limited to the current workspace's, so
+a collection id from another workspace is an invalid choice, never a leak."""
+
+from __future__ import annotations
+
+from django import forms
+from django.conf import settings
+
+from search.answers import QUESTION_MAX_CHARS
+from search.models import Collection
+
+MODE_CHOICES = [
+    ("hybrid", "Hybrid (meaning and keywords)"),
+    ("dense", "Semantic (meaning)"),
+    ("keyword", "Keyword (BM25)"),
+]
+
+
+class CollectionChoiceField(forms.ModelChoiceField):
+    """Collections by name: the form only ever lists one workspace's."""
+
+    def label_from_instance(self, obj) -> str:
+        return obj.name
+
+
+class SearchForm(forms.Form):
+    """One box for both searching and asking."""
+
+    q = forms.CharField(label="Search or ask a question", max_length=QUESTION_MAX_CHARS, required=False)
+    collection = CollectionChoiceField(
+        label="Collection", queryset=Collection.objects.none(), required=False, empty_label="All collections"
+    )
+    mode = forms.ChoiceField(label="Search mode", choices=MODE_CHOICES, required=False, initial="hybrid")
+
+    def __init__(self, *args, workspace, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["collection"].queryset = Collection.objects.filter(workspace=workspace).order_by("name")
+        self.fields["q"].widget.attrs.update({"type": "search", "autocomplete": "off", "spellcheck": "true"})
+
+    def clean_mode(self) -> str:
+        return self.cleaned_data["mode"] or "hybrid"
+
+    def collection_ids(self) -> list[int] | None:
+        """The chosen collection, or None for all of the workspace's."""
+        collection = self.cleaned_data.get("collection")
+        return [collection.pk] if collection is not None else None
+
+
+class MultipleFileInput(forms.ClearableFileInput):
+    allow_multiple_selected = True
+
+
+class MultipleFileField(forms.FileField):
+    """Several files in one field (Django's documented pattern for ``<input multiple>``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("widget", MultipleFileInput())
+        # An empty file is refused by document_create with its own message, beside the others.
+        kwargs.setdefault("allow_empty_file", True)
+        super().__init__(*args, **kwargs)
+
+    def clean(self, data, initial=None):
+        clean_one = super().clean
+        if isinstance(data, list | tuple):
+            return [clean_one(item, initial) for item in data]
+        return [clean_one(data, initial)]
+
+
+class UploadForm(forms.Form):
+    collection = CollectionChoiceField(label="Into collection", queryset=Collection.objects.none())
+    files = MultipleFileField(label="Files")
+
+    def __init__(self, *args, workspace, **kwargs):
+        super().__init__(*args, **kwargs)
+        collections = Collection.objects.filter(workspace=workspace).order_by("name")
+        self.fields["collection"].queryset = collections
+        megabytes = settings.DOCUMENT_MAX_BYTES / (1024 * 1024)
+        self.fields["files"].help_text = f"Text, Markdown, HTML, PDF or Word (.docx), up to {megabytes:g} MB each."
+        self.fields["files"].widget.attrs["aria-describedby"] = "files-help"  # the help text's element
+        if len(collections) == 1:
+            self.fields["collection"].initial = collections[0].pk

@@ -1,0 +1,232 @@
+/*
+ * The browser UI's own behaviour; htmx (from the django-htmx wheel) does the rest.
+ *
+ * - Answers stream in from their Server-Sent Events (EventSource): text is appended as it
+ *   arrives, each [n] becoming a link to its passage, as search/ui/rendering.py renders a
+ *   stored answer. "Stop" closes the connection (the generation itself goes on server-side).
+ * - Citation and source links open the passage in a dialog (the link still works without
+ *   JavaScript: it is the passage page).
+ * - Files dropped on the upload zone are uploaded at once.
+ * - The documents' summary line is a live region, updated only when its text changes.
+ * - A failed request for the answer panel or an upload says so there.
+ *
+ * Text from documents and models only ever becomes DOM text nodes, never HTML.
+ */
+"use strict";
+
+(function () {
+  // The citation syntax of search/prompting.py (citation_markers): [1], [1, 3], [2-4].
+  const CITATION = /\[\s*(\d{1,6}(?:\s*[-\u2013]\s*\d{1,6})?(?:\s*[,;]\s*\d{1,6}(?:\s*[-\u2013]\s*\d{1,6})?)*)\s*\]/g;
+  const CITATION_RANGE_MAX = 50; // search.prompting.CITATION_RANGE_MAX
+  // An opening bracket at the end of the text so far that more text may make a citation:
+  // held back until it is complete, so a link is never split across two deltas.
+  const OPEN_CITATION = /\[[\d\s,;\-\u2013]{0,40}$/;
+
+  function citationNumbers(inner) {
+    const numbers = [];
+    for (const item of inner.trim().split(/\s*[,;]\s*/)) {
+      const range = item.match(/^(\d+)\s*[-\u2013]\s*(\d+)$/);
+      if (!range) {
+        numbers.push(Number(item));
+        continue;
+      }
+      const first = Number(range[1]);
+      const last = Number(range[2]);
+      if (first <= last && last - first < CITATION_RANGE_MAX) {
+        for (let number = first; number <= last; number += 1) numbers.push(number);
+      } else {
+        numbers.push(first, last);
+      }
+    }
+    return [...new Set(numbers)];
+  }
+
+  function citationLink(number, source) {
+    const link = document.createElement("a");
+    link.className = "cite";
+    link.href = source.url;
+    link.dataset.passage = "";
+    link.title = source.title;
+    link.setAttribute("aria-label", `Source ${number}: ${source.title}`);
+    link.textContent = String(number);
+    return link;
+  }
+
+  function appendWithCitations(container, text, sources) {
+    let position = 0;
+    for (const match of text.matchAll(CITATION)) {
+      container.append(text.slice(position, match.index), "[");
+      citationNumbers(match[1]).forEach((number, index) => {
+        if (index > 0) container.append(", ");
+        const source = sources[number];
+        container.append(source ? citationLink(number, source) : String(number));
+      });
+      container.append("]");
+      position = match.index + match[0].length;
+    }
+    container.append(text.slice(position));
+  }
+
+  // ------------------------------------------------------------------ streamed answers
+
+  function followAnswer(section) {
+    if (section.answerEvents) return;
+    const textBox = section.querySelector("[data-answer-text]");
+    const status = section.querySelector("[data-answer-status]");
+    const stopButton = section.querySelector("[data-answer-stop]");
+    const sources = JSON.parse(section.querySelector("script[type='application/json']").textContent);
+    const events = new EventSource(section.dataset.answerStream);
+    section.answerEvents = events;
+    let text = "";
+    let shown = 0;
+
+    function show(final) {
+      let end = text.length;
+      if (!final) {
+        const open = text.slice(shown).match(OPEN_CITATION);
+        if (open) end = shown + open.index;
+      }
+      if (end > shown) {
+        appendWithCitations(textBox, text.slice(shown, end), sources);
+        shown = end;
+      }
+    }
+
+    function finish(message, state) {
+      events.close();
+      show(true);
+      textBox.setAttribute("aria-busy", "false");
+      status.textContent = message;
+      section.dataset.state = state;
+      if (stopButton) stopButton.hidden = true;
+    }
+
+    events.addEventListener("delta", (event) => {
+      text += JSON.parse(event.data).text;
+      show(false);
+      status.textContent = "Writing the answer…";
+    });
+    events.addEventListener("progress", (event) => {
+      const progress = JSON.parse(event.data);
+      status.textContent = `Reading the sources: ${progress.done} of ${progress.total} parts done…`;
+    });
+    events.addEventListener("retry", (event) => {
+      const retry = JSON.parse(event.data);
+      status.textContent = `The model did not answer (${retry.kind || "error"}); trying again…`;
+    });
+    events.addEventListener("stats", () => finish("Done.", "done"));
+    events.addEventListener("error", (event) => {
+      if (event.data !== undefined) {
+        // The stream's own "error" event: the answer failed, with the reason.
+        finish(`Failed: ${JSON.parse(event.data).message}`, "failed");
+      } else if (events.readyState === EventSource.CLOSED) {
+        // The server refused the connection (logged out, or the answer is gone).
+        finish("The connection was refused. Reload the page to see the answer.", "lost");
+      } else {
+        // The connection dropped: the browser reconnects by itself from the last event id.
+        status.textContent = "Connection lost; reconnecting…";
+      }
+    });
+    if (stopButton) {
+      stopButton.addEventListener("click", () => {
+        finish("Stopped.", "stopped");
+        textBox.focus();
+      });
+    }
+  }
+
+  // An answer panel replaced by a new question stops listening to the old answer.
+  document.addEventListener("htmx:beforeCleanupElement", (event) => {
+    if (event.target.answerEvents) event.target.answerEvents.close();
+  });
+
+  // ------------------------------------------------------------------ passage dialog
+
+  document.addEventListener("click", (event) => {
+    const link = event.target.closest("a[data-passage]");
+    const dialog = document.getElementById("passage-dialog");
+    if (!link || !dialog || typeof dialog.showModal !== "function" || event.ctrlKey || event.metaKey || event.shiftKey) return;
+    event.preventDefault();
+    htmx.ajax("GET", link.href, { target: "#passage-dialog-body", swap: "innerHTML" }).then(() => {
+      if (!dialog.open) dialog.showModal();
+      const hit = dialog.querySelector(".passage-hit");
+      if (hit) hit.scrollIntoView({ block: "center" });
+    });
+  });
+
+  document.addEventListener("click", (event) => {
+    const close = event.target.closest("[data-dialog-close]");
+    if (close) close.closest("dialog").close();
+  });
+
+  // ------------------------------------------------------------------ uploads
+
+  function dropzone(zone) {
+    const input = zone.querySelector("input[type='file']");
+    const chosen = zone.querySelector("[data-dropzone-chosen]");
+    const form = zone.closest("form");
+    const describe = () => {
+      const names = Array.from(input.files, (file) => file.name);
+      chosen.textContent = names.length ? `Chosen: ${names.join(", ")}` : "";
+    };
+    ["dragenter", "dragover"].forEach((type) =>
+      zone.addEventListener(type, (event) => {
+        event.preventDefault();
+        zone.classList.add("is-over");
+      }),
+    );
+    ["dragleave", "drop"].forEach((type) => zone.addEventListener(type, () => zone.classList.remove("is-over")));
+    zone.addEventListener("drop", (event) => {
+      event.preventDefault();
+      if (!event.dataTransfer.files.length) return;
+      input.files = event.dataTransfer.files;
+      describe();
+      form.requestSubmit();
+    });
+    input.addEventListener("change", describe);
+    form.addEventListener("htmx:afterRequest", (event) => {
+      if (event.detail.elt === form && event.detail.successful) {
+        input.value = "";
+        describe();
+      }
+    });
+  }
+
+  // ------------------------------------------------------------------ failed requests
+
+  // htmx leaves the page as it was on a server error or a lost connection: say so where the
+  // result was expected (a failed poll of the documents table just tries again next second).
+  function requestFailed(event) {
+    const target = event.detail.target;
+    if (!target || !target.matches("#answer-panel, #upload-report")) return;
+    const alert = document.createElement("p");
+    alert.className = "error";
+    alert.setAttribute("role", "alert");
+    const status = event.detail.xhr && event.detail.xhr.status;
+    alert.textContent = status
+      ? `The server could not do that (HTTP ${status}). Try again, or reload the page.`
+      : "The server could not be reached. Try again.";
+    target.replaceChildren(alert);
+  }
+  document.addEventListener("htmx:responseError", requestFailed);
+  document.addEventListener("htmx:sendError", requestFailed);
+
+  // ------------------------------------------------------------------ wiring
+
+  function documentSummary(list) {
+    const live = document.getElementById("document-summary");
+    if (live && live.textContent !== list.dataset.summary) live.textContent = list.dataset.summary;
+  }
+
+  function within(root, selector) {
+    const found = Array.from(root.querySelectorAll(selector));
+    if (root.matches && root.matches(selector)) found.unshift(root);
+    return found;
+  }
+
+  htmx.onLoad((root) => {
+    within(root, "[data-answer-stream]").forEach(followAnswer);
+    within(root, "[data-dropzone]").forEach(dropzone);
+    within(root, "#document-list[data-summary]").forEach(documentSummary);
+  });
+})();
