@@ -14,6 +14,7 @@ not know; only ``stats`` and ``error`` end a stream.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Iterator
 
 import redis
@@ -211,9 +212,10 @@ def stream_read(request_id: str, *, after: str = "0", block_ms: int = 15000) -> 
 # For the web tier under ASGI (uvicorn): Django buffers a StreamingHttpResponse whose
 # iterator is synchronous before sending any of it, so Server-Sent Events must come from
 # an async iterator. One asyncio client per event loop (redis.asyncio pools are bound to
-# the loop that made them).
+# the loop that made them), held weakly by the loop itself: a closed loop's client goes with
+# it, and a new loop never inherits one (an id() of a dead loop can be reused).
 
-_async_clients: dict[tuple[int, str], object] = {}
+_async_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def redis_async_client():
@@ -221,12 +223,12 @@ def redis_async_client():
 
     import redis.asyncio
 
-    loop_id = id(asyncio.get_running_loop())
-    key = (loop_id, settings.REDIS_URL)
-    client = _async_clients.get(key)
+    loop = asyncio.get_running_loop()
+    clients = _async_clients.setdefault(loop, {})
+    client = clients.get(settings.REDIS_URL)
     if client is None:
         client = redis.asyncio.Redis.from_url(settings.REDIS_URL, socket_timeout=30, socket_connect_timeout=5)
-        _async_clients[key] = client
+        clients[settings.REDIS_URL] = client
     return client
 
 

@@ -19,7 +19,7 @@ from django.test import AsyncClient
 from django.utils import timezone
 
 from billing.models import Price
-from inference import router, streams
+from inference import router
 from inference.models import Provider, Route, UpstreamKey
 from inference.streams import StreamWriter
 from search.api import streaming
@@ -208,9 +208,6 @@ def events_of(text: str) -> list[tuple[str, str, str]]:
 def test_the_event_stream_keeps_alive_while_waiting_and_resumes_from_the_last_id(monkeypatch, acme, make_key):
     monkeypatch.setattr(streaming, "KEEPALIVE_SECONDS", 0.2)
     monkeypatch.setattr(streaming, "STREAM_MAX_SECONDS", 0.7)
-    # One asyncio Redis client per event loop: this test's loop must not find a client that
-    # an earlier test's (closed) loop left under the same id.
-    monkeypatch.setattr(streams, "_async_clients", {})
     token = make_key("generate")
     other_token = make_key("generate", workspace=workspace_create(name="Other", slug="other"))
     answer = Answer.objects.create(workspace=acme, question="Who?", status=Answer.Status.GENERATING)
