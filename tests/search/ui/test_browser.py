@@ -4,15 +4,19 @@ database. A user logs in, uploads a file and watches it reach "Indexed", searche
 route is configured, so the answer is extractive, streamed through the same SSE view), opens
 a citation, and stops an answer that is still being written.
 
-Screenshots of the search page (desktop and phone widths) are kept in the test's tmp_path;
-their paths are printed (``pytest -s`` shows them). Without Chromium, chromedriver or
+Screenshots (the search page at desktop and phone widths, the cited passage, the documents)
+are kept as test artifacts in ``test-artifacts/`` at the repository's root (git-ignored;
+``TEST_ARTIFACTS_DIR`` to put them elsewhere), replaced by each run; their paths are printed
+(``pytest -s`` shows them). Without Chromium, chromedriver or
 selenium the test is skipped, saying what to install.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +27,7 @@ from tests.search.ui.conftest import PASSWORD, member
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # the server sees committed rows
 
+ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or Path(__file__).resolve().parents[3] / "test-artifacts")
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 FLAGS = (
     "--headless",
@@ -83,6 +88,7 @@ def test_log_in_upload_search_ask_and_open_a_citation(browser, start_web, start_
     workspace = workspace_create(name="Acme", slug="acme")
     collection_create(workspace=workspace, name="Handbook")
     ann = member("ann", workspace)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     upload = tmp_path / "atlas-robot.md"
     upload.write_text(ROBOT)
     shared_media = {"MEDIA_ROOT": str(settings.MEDIA_ROOT)}  # the server stores what the worker reads
@@ -108,7 +114,7 @@ def test_log_in_upload_search_ask_and_open_a_citation(browser, start_web, start_
             message="the uploaded document was not indexed",
         )
         wait_until(browser, shown.text_to_be_present_in_element((By.ID, "document-summary"), "1 indexed"))
-        browser.save_screenshot(str(tmp_path / "documents.png"))
+        browser.save_screenshot(str(ARTIFACTS / "documents.png"))
 
         # Search: highlighted snippets, linked to their passages.
         browser.find_element(By.LINK_TEXT, "Search").click()
@@ -122,7 +128,7 @@ def test_log_in_upload_search_ask_and_open_a_citation(browser, start_web, start_
         assert "Extractive answer" in answer.text
         assert answer.find_element(By.CSS_SELECTOR, "[data-answer-text]").text.startswith("Extracted from the sources")
         assert answer.find_element(By.CSS_SELECTOR, "[data-answer-status]").text == "Done."
-        screenshot = tmp_path / "search.png"
+        screenshot = ARTIFACTS / "search.png"
         browser.save_screenshot(str(screenshot))
         print(f"search page screenshot: {screenshot}")
 
@@ -133,13 +139,13 @@ def test_log_in_upload_search_ask_and_open_a_citation(browser, start_web, start_
         dialog = wait_until(browser, shown.visibility_of_element_located((By.ID, "passage-dialog")))
         highlighted = wait_until(browser, lambda _: dialog.find_element(By.CSS_SELECTOR, ".passage-hit"))
         assert "battery" in highlighted.text
-        browser.save_screenshot(str(tmp_path / "citation.png"))
+        browser.save_screenshot(str(ARTIFACTS / "citation.png"))
         browser.switch_to.active_element.send_keys(Keys.ESCAPE)
         wait_until(browser, shown.invisibility_of_element_located((By.ID, "passage-dialog")))
 
         browser.set_window_size(390, 844)  # a phone
-        browser.save_screenshot(str(tmp_path / "search-phone.png"))
-        print(f"phone-width screenshot: {tmp_path / 'search-phone.png'}")
+        browser.save_screenshot(str(ARTIFACTS / "search-phone.png"))
+        print(f"phone-width screenshot: {ARTIFACTS / 'search-phone.png'}")
 
         # An answer still being written streams on its own page, and can be stopped.
         chunk = Chunk.objects.get()
