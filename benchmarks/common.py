@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -20,6 +21,57 @@ def django_setup() -> None:
     import django
 
     django.setup()
+
+
+@contextlib.contextmanager
+def own_databases(database: str, redis_db: int, *, keep: bool = False):
+    """A PostgreSQL database of the benchmark's own on the project's server (``DATABASE_URL``,
+    else the embedded one), created empty and migrated, and Redis database ``redis_db`` of the
+    project's server, emptied: a benchmark never meets a running system's rows, queues or
+    streams. Django is set up on them inside; the database is dropped after unless ``keep``."""
+    import psycopg
+    from psycopg import sql
+
+    from benchmarks.search_scale import server_url, with_database
+
+    def drop(conn):
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+
+    server = server_url()
+    with psycopg.connect(server, autocommit=True) as conn:
+        drop(conn)
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    os.environ["DATABASE_URL"] = with_database(server, database)
+    os.environ["REDIS_URL"] = redis_database_url(redis_db)
+    django_setup()
+
+    from django.core.management import call_command
+    from django.db import connections
+
+    try:
+        call_command("migrate", verbosity=0)
+        yield
+    finally:
+        connections.close_all()
+        if not keep:
+            with psycopg.connect(server, autocommit=True) as conn:
+                drop(conn)
+
+
+def redis_database_url(number: int) -> str:
+    """Database ``number`` of the project's Redis (the embedded server unless REDIS_URL), emptied."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import redis
+
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        from ragsite import embedded
+
+        url = embedded.redis_url()
+    url = urlunsplit(urlsplit(url)._replace(path=f"/{number}"))
+    redis.Redis.from_url(url).flushdb()
+    return url
 
 
 def machine() -> dict:

@@ -51,7 +51,6 @@ is the project's server, database number ``REDIS_DB`` (emptied first).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 import uuid
@@ -60,7 +59,7 @@ from decimal import Decimal
 
 import numpy as np
 
-from benchmarks.common import django_setup, report
+from benchmarks.common import own_databases, report
 
 DATABASE = "ragsite_bench_cost"
 REDIS_DB = 14
@@ -100,32 +99,8 @@ def main() -> None:
     parser.add_argument("--explain", action="store_true", help="Print EXPLAIN ANALYZE of the comparison's query.")
     args = parser.parse_args()
 
-    import psycopg
-    from psycopg import sql
-
-    from benchmarks.search_scale import server_url, with_database
-
-    server = server_url()
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
-    os.environ["DATABASE_URL"] = with_database(server, DATABASE)
-    from benchmarks.router_overhead import redis_database_url
-
-    os.environ["REDIS_URL"] = redis_database_url(REDIS_DB)
-    django_setup()
-
-    from django.core.management import call_command
-    from django.db import connections
-
-    try:
-        call_command("migrate", verbosity=0)
+    with own_databases(DATABASE, REDIS_DB, keep=args.keep):
         result = run(args)
-    finally:
-        connections.close_all()
-        if not args.keep:
-            with psycopg.connect(server, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
     report("cost_dashboard", result)
 
 

@@ -62,12 +62,11 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import statistics
 import time
 import uuid
 
-from benchmarks.common import django_setup, report
+from benchmarks.common import own_databases, report
 
 DATABASE = "ragsite_bench_router"
 REDIS_DB = 15
@@ -88,51 +87,11 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help=f"Keep the {DATABASE} database afterwards.")
     args = parser.parse_args()
 
-    # A database of our own on the project's server, chosen before Django reads its settings.
-    import psycopg
-    from psycopg import sql
-
-    from benchmarks.search_scale import server_url, with_database
-
-    server = server_url()
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
-    os.environ["DATABASE_URL"] = with_database(server, DATABASE)
-    os.environ["REDIS_URL"] = redis_database_url(REDIS_DB)
-    django_setup()
-
-    from django.core.management import call_command
-    from django.db import connections
-
     from tests.upstream_server import serving
 
-    try:
-        with serving() as base_url:
-            call_command("migrate", verbosity=0)
-            result = run(args, base_url)
-    finally:
-        connections.close_all()
-        if not args.keep:
-            with psycopg.connect(server, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
+    with own_databases(DATABASE, REDIS_DB, keep=args.keep), serving() as base_url:
+        result = run(args, base_url)
     report("router_overhead", result)
-
-
-def redis_database_url(number: int) -> str:
-    """Database ``number`` of the project's Redis (the embedded server unless REDIS_URL), emptied."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    import redis
-
-    url = os.environ.get("REDIS_URL")
-    if not url:
-        from ragsite import embedded
-
-        url = embedded.redis_url()
-    url = urlunsplit(urlsplit(url)._replace(path=f"/{number}"))
-    redis.Redis.from_url(url).flushdb()
-    return url
 
 
 def run(args, base_url: str) -> dict:

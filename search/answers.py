@@ -540,15 +540,24 @@ def answer_stream_read(answer: Answer, *, after: str = "0", block_ms: int = 1500
     length, _ = StreamWriter(str(answer.id)).history()
     if length == 0:
         answer.refresh_from_db(fields=["status", "text", "stats", "error"])
-        if answer.status in (Answer.Status.DONE, Answer.Status.FAILED):
-            if after < "0-1" and answer.text:
-                yield "0-1", "delta", {"text": answer.text}
-            if answer.status == Answer.Status.DONE:
-                yield "0-2", "stats", dict(answer.stats)
-            else:
-                yield "0-2", "error", {"field": None, "kind": "answer_failed", "message": answer.error}
+        replayed = _stored_events(answer, after)
+        if replayed is not None:
+            yield from replayed
             return
     yield from stream_read(str(answer.id), after=after, block_ms=block_ms)
+
+
+def _stored_events(answer: Answer, after: str) -> list[tuple[str, str, dict]] | None:
+    """A finished answer's events rebuilt from its record (its stream has expired or never
+    existed), after ``after``; None while it is not finished."""
+    if answer.status not in (Answer.Status.DONE, Answer.Status.FAILED):
+        return None
+    events = [("0-1", "delta", {"text": answer.text})] if after < "0-1" and answer.text else []
+    if answer.status == Answer.Status.DONE:
+        events.append(("0-2", "stats", dict(answer.stats)))
+    else:
+        events.append(("0-2", "error", {"field": None, "kind": "answer_failed", "message": answer.error}))
+    return events
 
 
 async def answer_stream_aread(answer_id, *, after: str = "0", block_ms: int = 15000):
@@ -560,13 +569,10 @@ async def answer_stream_aread(answer_id, *, after: str = "0", block_ms: int = 15
 
     if not await redis_async_client().exists(stream_key(str(answer_id))):
         answer = await sync_to_async(Answer.objects.only("status", "text", "stats", "error").get)(pk=answer_id)
-        if answer.status in (Answer.Status.DONE, Answer.Status.FAILED):
-            if after < "0-1" and answer.text:
-                yield "0-1", "delta", {"text": answer.text}
-            if answer.status == Answer.Status.DONE:
-                yield "0-2", "stats", dict(answer.stats)
-            else:
-                yield "0-2", "error", {"field": None, "kind": "answer_failed", "message": answer.error}
+        replayed = _stored_events(answer, after)
+        if replayed is not None:
+            for event in replayed:
+                yield event
             return
     async for event in stream_aread(str(answer_id), after=after, block_ms=block_ms):
         yield event
