@@ -172,8 +172,19 @@ def has_usable(provider_id: int) -> bool:
         return cursor_.fetchone()[0]
 
 
+# What every counted failure does to its key, after the statement's own changes.
+_COUNTED = """
+    consecutive_failures = consecutive_failures + 1,
+    failure_count = failure_count + 1,
+    last_error = %(message)s,
+    last_failure_at = clock_timestamp()
+WHERE id = %(id)s
+RETURNING status, cooldown_until, consecutive_failures
+"""
+
 # The exponent of the cooldown without a header stops growing at 20 (2^20 s is 12 days).
-_RATE_LIMITED = """
+_RATE_LIMITED = (
+    """
 UPDATE inference_upstreamkey SET
     status = CASE WHEN status = 'disabled' THEN status ELSE 'cooling_down' END,
     cooldown_until = CASE WHEN status = 'disabled' THEN cooldown_until ELSE GREATEST(
@@ -183,34 +194,24 @@ UPDATE inference_upstreamkey SET
         )),
         CASE WHEN status = 'cooling_down' THEN cooldown_until END
     ) END,
-    consecutive_failures = consecutive_failures + 1,
-    failure_count = failure_count + 1,
-    last_error = %(message)s,
-    last_failure_at = clock_timestamp()
-WHERE id = %(id)s
-RETURNING status, cooldown_until, consecutive_failures
 """
+    + _COUNTED
+)
 
-_DISABLE = """
+_DISABLE = (
+    """
 UPDATE inference_upstreamkey SET
     status = 'disabled', cooldown_until = NULL, disabled_reason = %(reason)s,
-    consecutive_failures = consecutive_failures + 1,
-    failure_count = failure_count + 1,
-    last_error = %(message)s,
-    last_failure_at = clock_timestamp()
-WHERE id = %(id)s
-RETURNING status, cooldown_until, consecutive_failures
 """
+    + _COUNTED
+)
 
-_FAILED = """
+_FAILED = (
+    """
 UPDATE inference_upstreamkey SET
-    consecutive_failures = consecutive_failures + 1,
-    failure_count = failure_count + 1,
-    last_error = %(message)s,
-    last_failure_at = clock_timestamp()
-WHERE id = %(id)s
-RETURNING status, cooldown_until, consecutive_failures
 """
+    + _COUNTED
+)
 
 
 def disabled_reason(provider_name: str, status: int | None, message: str) -> str:

@@ -1,4 +1,5 @@
-"""Builders for real files used by the search tests: PDFs (plain and encrypted), DOCX, zips."""
+"""Builders for real files used by the search tests (PDFs plain and encrypted, DOCX, zips), and
+texts stored and ingested in this process."""
 
 from __future__ import annotations
 
@@ -93,3 +94,17 @@ def make_zip(members: dict[str, bytes]) -> bytes:
         for name, content in members.items():
             archive.writestr(name, content)
     return buffer.getvalue()
+
+
+def ingest_texts(collection, documents: dict[str, str]) -> list[int]:
+    """Store ``documents`` (file name -> text) in ``collection`` and run the whole ingestion
+    pipeline on them here (no worker); returns their ids."""
+    from search.ingest import pipeline
+    from search.services import document_create
+
+    ids = [
+        document_create(collection=collection, source_name=name, content=text.encode(), enqueue=False)[0].pk
+        for name, text in documents.items()
+    ]
+    pipeline.documents_ingest(document_ids=ids)
+    return ids

@@ -24,13 +24,13 @@ from inference.streams import StreamWriter, stream_read
 from search import answers
 from search.answers import AnswerError, answer_create, answer_fail, answer_stream_read
 from search.extractive import LEAD
-from search.ingest import pipeline
 from search.models import Answer, Chunk, Collection, Document
 from search.prompting import RemoteEstimate, Source, answer_messages, budget_for
 from search.selectors import chunk_search
-from search.services import collection_create, document_create, workspace_create
+from search.services import collection_create, workspace_create
 from tests.conftest import celery_worker
 from tests.inference.tiny_models import tiny_model_save
+from tests.search.files import ingest_texts as ingest
 from tests.upstream_server import upstream_log
 
 DOCUMENTS = {
@@ -42,14 +42,6 @@ DOCUMENTS = {
     "Charging takes 90 minutes.",
 }
 CITED = "Lift rises with angle of attack [1]. Heat flux is given in [2][9]."
-
-
-def ingest(collection, documents: dict[str, str]) -> None:
-    ids = [
-        document_create(collection=collection, source_name=name, content=text.encode(), enqueue=False)[0].pk
-        for name, text in documents.items()
-    ]
-    pipeline.documents_ingest(document_ids=ids)
 
 
 @pytest.fixture

@@ -6,8 +6,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from billing import client_keys
-from search.ingest import pipeline
-from search.services import collection_create, document_create, workspace_create
+from search.services import collection_create, workspace_create
 
 DOCUMENTS = {
     "wing.md": "# Wing aerodynamics\n\nLift rises with the angle of attack until the wing stalls. "
@@ -15,16 +14,6 @@ DOCUMENTS = {
     "robot.md": "# Atlas-7 robot\n\nThe Atlas-7 warehouse robot runs for 10 hours on one battery charge. "
     "Charging takes 90 minutes.",
 }
-
-
-def ingest(collection, documents: dict[str, str]) -> list[int]:
-    """Store and ingest documents in-process (no worker); returns their ids."""
-    ids = [
-        document_create(collection=collection, source_name=name, content=text.encode(), enqueue=False)[0].pk
-        for name, text in documents.items()
-    ]
-    pipeline.documents_ingest(document_ids=ids)
-    return ids
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ from inference.streams import StreamWriter
 from search.api import streaming
 from search.models import Answer, Document, Membership
 from search.services import workspace_create
-from tests.search.api.conftest import DOCUMENTS, ingest
+from tests.search.api.conftest import DOCUMENTS
+from tests.search.files import ingest_texts as ingest
 
 pytestmark = pytest.mark.django_db
 

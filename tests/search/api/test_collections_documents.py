@@ -196,7 +196,7 @@ def test_bad_list_parameters_are_refused_naming_them(admin_client, five_document
 
 
 def test_a_document_is_deleted_with_its_chunks(admin_client, handbook):
-    from tests.search.api.conftest import ingest
+    from tests.search.files import ingest_texts as ingest
 
     [document_id] = ingest(handbook, {"wing.md": DOCUMENTS["wing.md"]})
     assert Chunk.objects.filter(document_id=document_id).exists()

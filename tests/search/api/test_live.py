@@ -18,7 +18,8 @@ from billing import client_keys
 from inference.models import Provider, Route, UpstreamKey
 from search.services import collection_create, workspace_create
 from tests.conftest import web_server
-from tests.search.api.conftest import DOCUMENTS, ingest
+from tests.search.api.conftest import DOCUMENTS
+from tests.search.files import ingest_texts as ingest
 from tests.upstream_server import upstream_log, upstream_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

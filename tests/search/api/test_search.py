@@ -7,7 +7,8 @@ import pytest
 
 from search.models import Document
 from search.services import collection_create
-from tests.search.api.conftest import DOCUMENTS, ingest
+from tests.search.api.conftest import DOCUMENTS
+from tests.search.files import ingest_texts as ingest
 
 pytestmark = pytest.mark.django_db
 

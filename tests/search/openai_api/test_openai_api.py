@@ -23,7 +23,8 @@ from search.embedders import embedder_get
 from search.models import Answer
 from search.services import collection_create, workspace_create
 from tests.conftest import web_server
-from tests.search.test_answers import DOCUMENTS, ingest
+from tests.search.files import ingest_texts as ingest
+from tests.search.test_answers import DOCUMENTS
 from tests.upstream_server import upstream_log, upstream_script
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 from django.contrib.auth import get_user_model
 
-from search.ingest import pipeline
 from search.models import Membership
-from search.services import collection_create, document_create, workspace_create
+from search.services import collection_create, workspace_create
+from tests.search.files import ingest_texts as ingest
 
 PASSWORD = "correct horse battery staple"
 
@@ -23,15 +23,6 @@ ACME_DOCUMENTS = {
 GLOBEX_DOCUMENTS = {
     "secret.md": "# Globex plans\n\nThe Globex battery lasts 12 hours and charging takes 40 minutes.",
 }
-
-
-def ingest(collection, documents: dict[str, str]) -> list[int]:
-    ids = [
-        document_create(collection=collection, source_name=name, content=text.encode(), enqueue=False)[0].pk
-        for name, text in documents.items()
-    ]
-    pipeline.documents_ingest(document_ids=ids)
-    return ids
 
 
 def member(username: str, *workspaces):

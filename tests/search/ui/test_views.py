@@ -12,7 +12,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
 from search.models import Answer, Chunk, Document
-from tests.search.ui.conftest import ACME_DOCUMENTS, PASSWORD, ingest
+from tests.search.files import ingest_texts as ingest
+from tests.search.ui.conftest import ACME_DOCUMENTS, PASSWORD
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
