@@ -58,6 +58,9 @@ def main(argv: list[str]) -> None:
     verb, rest = argv[0], argv[1:]
     ensure_environment(verb)
     os.chdir(ROOT)
+    # A developer's machine: plain HTTP on loopback, so no HTTPS redirect or secure-only
+    # cookies (ragsite/settings.py). Deployments run production, the settings' default.
+    os.environ.setdefault("RAGSITE_ENV", "development")
     if verb == "up":
         command = [str(PYTHON), "manage.py", "up", *rest]
     else:

@@ -258,10 +258,12 @@ def submit(plan: Plan, *, link=None, link_error=None, **request) -> None:
     ``link_error``: a signature Celery calls (with the task id first) when the task itself
     failed: its pool process died or hit the hard time limit, so ``link`` never runs.
     """
+    from inference import backpressure
     from inference.tasks import generate_routed
 
     check_available(plan.route, key_usable=plan.key_usable)
     payload = payload_for(plan, **request)
-    generate_routed.apply_async(
-        (plan.request_id, payload), queue=queue_for(plan.route), link=link, link_error=link_error
-    )
+    queue = queue_for(plan.route)
+    # Overload: QueueFull (a RouteUnavailable: 503, Retry-After) when the queue is at its bound.
+    with backpressure.queue_slot(queue):
+        generate_routed.apply_async((plan.request_id, payload), queue=queue, link=link, link_error=link_error)

@@ -8,7 +8,9 @@ worker: the call is I/O-bound and must not hold the single GPU process).
 from __future__ import annotations
 
 import logging
+import time
 
+import redis
 import torch
 from billiard.exceptions import WorkerLostError
 from celery import Task, shared_task
@@ -209,13 +211,64 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
 
     writer = StreamWriter(request_id)
     handover = payload.get("handover") or {}
-    if (refused := _already_streamed(writer, expected=int(handover.get("events", 0)))) is not None:
+    expected = int(handover.get("events", 0))
+    events, last = writer.history()
+    if events > expected and last not in TERMINAL:
+        # Redelivered after its whole worker vanished (kill -9 of the process group, a lost
+        # host) mid-stream: end the stream and queue the ledger row together, as the parent
+        # of a dead pool process does, instead of streaming a second answer.
+        return _interrupted_routed_end(request_id, payload, events)
+    if (refused := _already_streamed(writer, expected=expected)) is not None:
         return refused
-    result = run_routed(request_id, payload)
+    try:
+        result = run_routed(request_id, payload)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        return _end_after_redis_outage(request_id, payload, exc)
     if result.get("status") == "handed_over":
         return self.replace(generate_routed.signature((request_id, result["payload"]), queue=result["queue"]))
     _ledger_drain_after(request_id)
     return result
+
+
+# How long a generation that lost Redis mid-stream waits for it to come back, to end its
+# stream and queue its ledger row (then its answer is stored by the task's link).
+REDIS_OUTAGE_WAIT_S = 120.0
+
+
+def _end_after_redis_outage(request_id: str, payload: dict, exc: Exception) -> dict:
+    """Redis (the stream, the ledger's outbox) went away during the generation: wait for it,
+    bounded, then end the stream with an error and queue the ledger row (the tokens the
+    stream kept), so that the answer fails with a reason instead of staying ``generating``.
+    Re-raises when Redis does not come back in time."""
+    from inference.execution import lost_generation_end
+    from inference.streams import redis_client
+
+    logger.warning("generation %s lost Redis (%s); waiting for it to end the request", request_id, exc)
+    deadline = time.monotonic() + REDIS_OUTAGE_WAIT_S
+    while True:
+        try:
+            redis_client().ping()
+            break
+        except redis.RedisError:
+            if time.monotonic() > deadline:
+                raise exc from None
+            time.sleep(1.0)
+    reason = f"Redis, which holds the answer's stream, was unreachable during the generation ({type(exc).__name__})"
+    lost_generation_end(request_id, payload, reason)
+    _ledger_drain_after(request_id)
+    return {"error": "redis_unreachable"}
+
+
+def _interrupted_routed_end(request_id: str, payload: dict, events: int) -> dict:
+    from inference.execution import lost_generation_end
+
+    reason = (
+        f"interrupted: the worker running this request was lost after {events} event"
+        f"{'s' if events != 1 else ''} and the message came back to another worker"
+    )
+    lost_generation_end(request_id, payload, reason)
+    _ledger_drain_after(request_id)
+    return {"error": "interrupted"}
 
 
 def _ledger_drain_after(request_id: str) -> None:

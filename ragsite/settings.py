@@ -8,6 +8,7 @@ PostgreSQL+pgvector and Redis under ``var/`` (see ``ragsite/embedded.py``).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import secrets
 from decimal import Decimal
@@ -22,6 +23,12 @@ from ragsite.env import env_bool, env_choice, env_decimal, env_float, env_int, e
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = embedded.var_dir()
 
+# "production" (the default) turns on everything that needs TLS in front of the site: HTTPS
+# redirect, secure cookies, HSTS; `manage.py check --deploy` is clean under it. "development"
+# (what `dev.py` runs, on a laptop over plain HTTP) leaves those off. DEBUG is off in both
+# unless set.
+ENVIRONMENT = env_choice("RAGSITE_ENV", "production", ("production", "development"))
+PRODUCTION = ENVIRONMENT == "production"
 DEBUG = env_bool("DEBUG", False)
 
 
@@ -51,6 +58,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "csp",
     "rest_framework",
     "django_htmx",
     "drf_spectacular",
@@ -62,7 +70,10 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a request refused at capacity costs nothing else (ragsite/overload.py).
+    "ragsite.overload.InFlightLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "servestatic.middleware.ServeStaticMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -71,6 +82,8 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, so that it sees the views' exceptions first: 503 while the database or Redis is down.
+    "ragsite.outages.OutageMiddleware",
 ]
 
 ROOT_URLCONF = "ragsite.urls"
@@ -110,6 +123,21 @@ DATABASES["default"]["OPTIONS"] = {
     **DATABASES["default"].get("OPTIONS", {}),
     "connect_timeout": env_int("DATABASE_CONNECT_TIMEOUT", 5, minimum=1),
 }
+# Web processes under ASGI (ragsite/asgi.py sets RAGSITE_SERVER) take their connections from a
+# pool. Django runs each synchronous view of an ASGI request in a thread of its own, and a
+# persistent connection (CONN_MAX_AGE) stays open with that thread's state: under load a web
+# process left one connection per request it had served and PostgreSQL ran out of them
+# ("too many clients"; benchmarks/load.py found it). The pool bounds them per process and
+# checks each before lending it, so the first request after a database restart succeeds.
+# Workers (one thread per process, or a fixed set of threads) keep persistent connections.
+DATABASE_POOL = env_choice("DATABASE_POOL", "auto", ("auto", "on", "off"))
+if DATABASE_POOL == "on" or (DATABASE_POOL == "auto" and os.environ.get("RAGSITE_SERVER") == "asgi"):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them instead
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": 2,
+        "max_size": env_int("DATABASE_POOL_MAX_SIZE", 20, minimum=1),
+        "timeout": env_float("DATABASE_POOL_TIMEOUT_S", 10.0, minimum=0.1),
+    }  # Django adds the pool's check of each connection lent (CONN_HEALTH_CHECKS)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --------------------------------------------------------------------------- redis, cache, celery
@@ -137,6 +165,23 @@ if CELERY_TASK_TIME_LIMIT <= CELERY_TASK_SOFT_TIME_LIMIT:
         f"(got {CELERY_TASK_TIME_LIMIT} <= {CELERY_TASK_SOFT_TIME_LIMIT})"
     )
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+# Seconds after which Redis hands a delivered but unacknowledged task to another worker: how
+# long the task of a worker that vanished whole (kill -9 of its process group, a lost host)
+# waits before it runs again. Must exceed the hard time limit, or a running task is
+# delivered twice (ragsite/celery.py).
+CELERY_VISIBILITY_TIMEOUT = env_int("CELERY_VISIBILITY_TIMEOUT", 3600, minimum=1)
+if CELERY_VISIBILITY_TIMEOUT <= CELERY_TASK_TIME_LIMIT:
+    raise ImproperlyConfigured(
+        "CELERY_VISIBILITY_TIMEOUT must be greater than CELERY_TASK_TIME_LIMIT "
+        f"(got {CELERY_VISIBILITY_TIMEOUT} <= {CELERY_TASK_TIME_LIMIT})"
+    )
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
+    # Look for tasks of vanished workers (older than the visibility timeout) every 10 s
+    # rather than kombu's 100 s: one ZRANGE on Redis.
+    "unacked_restore_interval": 10,
+    "unacked_restore_throttle": 1,
+}
 
 # Threads of the remote-generation worker that manage.py up starts (queue "remote"): each
 # holds one upstream call, which mostly waits on the network.
@@ -186,6 +231,16 @@ if not BILLING_EXCHANGE_RATE.is_finite() or BILLING_EXCHANGE_RATE <= 0:
 # How long /readyz waits for workers to answer a broadcast ping.
 READYZ_WORKER_TIMEOUT = env_float("READYZ_WORKER_TIMEOUT", 1.0, minimum=0.05)
 
+# Overload shedding: beyond capacity, 503 with Retry-After at once instead of a growing wait.
+# Requests one web process serves at once (ragsite/overload.py; /healthz, /readyz, static
+# files and answer event streams are not counted); 0: no bound.
+WEB_MAX_IN_FLIGHT = env_int("WEB_MAX_IN_FLIGHT", 64, minimum=0)
+WEB_OVERLOAD_RETRY_AFTER_S = env_int("WEB_OVERLOAD_RETRY_AFTER_S", 1, minimum=1)
+# Generations waiting for a worker on each generation queue, gpu and remote
+# (inference/backpressure.py); a new answer beyond it gets 503. 0: no bound.
+GENERATION_QUEUE_MAX = env_int("GENERATION_QUEUE_MAX", 64, minimum=0)
+GENERATION_QUEUE_RETRY_AFTER_S = env_int("GENERATION_QUEUE_RETRY_AFTER_S", 2, minimum=1)
+
 # --------------------------------------------------------------------------- search
 
 # auto: bf16 where the CPU (AVX512-BF16/AMX) or a GPU runs it natively, else fp32.
@@ -195,6 +250,11 @@ EMBEDDING_API_KEY = env_str("EMBEDDING_API_KEY", "")
 EMBEDDING_API_DIMENSIONS = env_int("EMBEDDING_API_DIMENSIONS", 1536, minimum=1, maximum=4000)
 EMBEDDING_API_MAX_TOKENS = env_int("EMBEDDING_API_MAX_TOKENS", 512, minimum=16)
 DOCUMENT_MAX_BYTES = env_int("DOCUMENT_MAX_BYTES", 50 * 1024 * 1024, minimum=1)
+# Largest request body the web process reads (ragsite/body_limit.py), refused with 413 before
+# any of it is stored; default: room for four largest documents in one upload.
+REQUEST_BODY_MAX_BYTES = env_int("REQUEST_BODY_MAX_BYTES", 4 * DOCUMENT_MAX_BYTES + 1024 * 1024, minimum=1)
+# Uploaded files a workspace may keep in storage, in bytes (10 GiB): uploads beyond are refused.
+WORKSPACE_STORAGE_MAX_BYTES = env_int("WORKSPACE_STORAGE_MAX_BYTES", 10 * 1024**3, minimum=1)
 CHUNK_OVERLAP_TOKENS = env_int("CHUNK_OVERLAP_TOKENS", 32, minimum=0)
 BM25_K1 = env_float("BM25_K1", 1.5, minimum=0.0)
 BM25_B = env_float("BM25_B", 0.75, minimum=0.0, maximum=1.0)
@@ -246,17 +306,48 @@ SERVESTATIC_USE_FINDERS = True
 
 MEDIA_ROOT = Path(env_str("MEDIA_ROOT") or VAR_DIR / "media")
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
+# The first handler stops storing a file part once it passes DOCUMENT_MAX_BYTES (the rest of
+# the part is read and dropped), so an oversized upload is refused without being kept whole.
+FILE_UPLOAD_HANDLERS = [
+    "search.ingest.uploads.DocumentSizeLimitHandler",
+    "django.core.files.uploadhandler.MemoryFileUploadHandler",
+    "django.core.files.uploadhandler.TemporaryFileUploadHandler",
+]
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 # --------------------------------------------------------------------------- security
 
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_TLS_PROXY", False) else None
-SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
-SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG and SECURE_SSL_REDIRECT)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", PRODUCTION)
+# Probes and scrapers reach the processes over plain HTTP inside the deployment.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", PRODUCTION and not DEBUG)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000 if PRODUCTION else 0, minimum=0)
+# Both cover only the site's own host name and the names under it. "preload" merely allows a
+# submission to the browsers' preload list, which someone has to make by hand.
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", PRODUCTION)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", PRODUCTION)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+# Every page's scripts come from our own static files (no inline script, no eval, no CDN),
+# in development too, so the browser tests run under the production policy. Inline styles
+# stay allowed: htmx injects its indicator style and plotly styles its charts.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 # --------------------------------------------------------------------------- logging
 
@@ -274,6 +365,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # The browser's session (with DRF's CSRF check) where a view names nothing else (the v1
+    # views add bearer client keys); not HTTP Basic: passwords go into the login form only.
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
     # REST API v1 (search/api/throttling.py): requests per client (API key, else user) on
     # the endpoints other than creating answers, which billing.limits meters per key.
     "DEFAULT_THROTTLE_RATES": {"api": "600/minute"},

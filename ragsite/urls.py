@@ -1,6 +1,8 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from ragsite import health
 
@@ -13,6 +15,8 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="login"), name="logout"),
     path("healthz", health.healthz, name="healthz"),
+    # Pages without an icon link (the admin's, the API docs) make browsers ask for this.
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True), name="favicon"),
     path("readyz", health.readyz, name="readyz"),
     path("api/", include("search.api.urls")),
     path("admin/billing/dashboard/", include("billing.urls")),

@@ -3,20 +3,35 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import PurePath
 
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.db import IntegrityError, transaction
+from django.db.models import Sum
 
 from search.embedders import DEFAULT_EMBEDDER, embedder_get
 from search.ingest.parsers import ParseError, sniff_media_type
 from search.models import Collection, Document, Workspace
 from search.vector_indexes import vector_index_ensure
 
+logger = logging.getLogger(__name__)
+
+# The longest name kept for an upload (as file systems allow), extension included.
+SOURCE_NAME_MAX_CHARS = 255
+
 
 class DocumentRejected(Exception):
     """An upload refused before it is stored; the message says why."""
+
+
+class DocumentTooLarge(DocumentRejected):
+    """A file over ``DOCUMENT_MAX_BYTES``; the message names the limit."""
+
+
+class StorageQuotaExceeded(DocumentRejected):
+    """Storing the file would take its workspace over ``WORKSPACE_STORAGE_MAX_BYTES``."""
 
 
 def workspace_create(*, name: str, slug: str) -> Workspace:
@@ -51,6 +66,25 @@ def collection_create(
     return collection
 
 
+def source_name_clean(name: str) -> str:
+    """The name an upload is known and shown by: its last path component (``/`` or ``\\``),
+    printable characters only (no control characters, no bidirectional overrides or other
+    invisible formatting), at most ``SOURCE_NAME_MAX_CHARS`` with its extension kept;
+    ``upload`` when nothing is left. It is never used as a path (see ``_storage_name``)."""
+    name = str(name).replace("\\", "/").rsplit("/", 1)[-1]
+    name = "".join(ch for ch in name if ch.isprintable()).strip()
+    if name in ("", ".", ".."):
+        return "upload"
+    if len(name) > SOURCE_NAME_MAX_CHARS:
+        suffix = PurePath(name).suffix[:16]
+        name = name[: SOURCE_NAME_MAX_CHARS - len(suffix)] + suffix
+    return name
+
+
+def _printable(text: str) -> str:
+    return "".join(ch for ch in text if ch.isprintable()).strip()
+
+
 def _title_from_name(source_name: str) -> str:
     stem = PurePath(source_name).stem.replace("-", " ").replace("_", " ").strip()
     return (stem or source_name)[:500]
@@ -68,18 +102,27 @@ def document_create(
     """Store an upload as a queued document and enqueue its ingestion; returns ``(document, created)``.
 
     The same bytes uploaded twice to one collection return the existing document
-    (``created`` is False). Files that are empty, too large or of an unsupported type
-    are refused with ``DocumentRejected`` before anything is stored. ``enqueue=False``
-    leaves ingestion to the caller (bulk loads run the pipeline in-process).
+    (``created`` is False). Files that are empty, too large (``DocumentTooLarge``) or of an
+    unsupported type, and files that would take the workspace over its storage quota
+    (``StorageQuotaExceeded``), are refused with ``DocumentRejected`` before anything is
+    stored. The name is cleaned (``source_name_clean``). ``enqueue=False`` leaves ingestion
+    to the caller (bulk loads run the pipeline in-process).
     """
+    source_name = source_name_clean(source_name)
     if len(content) > settings.DOCUMENT_MAX_BYTES:
-        raise DocumentRejected(
+        raise DocumentTooLarge(
             f"{source_name} is {len(content)} bytes, over the limit of {settings.DOCUMENT_MAX_BYTES} bytes"
         )
     try:
         media_type = sniff_media_type(content, source_name)
     except ParseError as exc:
         raise DocumentRejected(f"{source_name}: {exc}") from None
+    except Exception as exc:  # a library's unexpected error on hostile bytes is a refusal, not a 500
+        logger.exception("sniffing %r failed unexpectedly", source_name)
+        raise DocumentRejected(
+            f"{source_name}: the file's type could not be determined ({type(exc).__name__})"
+        ) from None
+    title = _printable(title or "")
     digest = hashlib.sha256(content).hexdigest()
     existing = Document.objects.filter(collection=collection, content_sha256=digest).first()
     if existing is not None:
@@ -98,6 +141,7 @@ def document_create(
     )
     try:
         with transaction.atomic():
+            _storage_quota_check(collection, source_name, len(content))
             document.file.save(_storage_name(source_name, digest), ContentFile(content), save=False)
             document.save()
             if enqueue:
@@ -106,7 +150,33 @@ def document_create(
         # A concurrent upload of the same bytes won the race: keep theirs, drop our file.
         document.file.delete(save=False)
         return Document.objects.get(collection=collection, content_sha256=digest), False
+    except BaseException:
+        if document.file:  # the row is not stored: neither is its file
+            document.file.delete(save=False)
+        raise
     return document, True
+
+
+def workspace_storage_used(workspace_id: int) -> int:
+    """Bytes of uploaded files the workspace's documents keep in storage."""
+    used = Document.objects.filter(collection__workspace_id=workspace_id).aggregate(total=Sum("size_bytes"))["total"]
+    return int(used or 0)
+
+
+def _storage_quota_check(collection: Collection, source_name: str, size: int) -> None:
+    """Refuse a file that would take the workspace over ``WORKSPACE_STORAGE_MAX_BYTES``.
+
+    Runs in the storing transaction with the workspace's row locked, so that concurrent
+    uploads of one workspace are counted one after the other, never both against the same total.
+    """
+    quota = settings.WORKSPACE_STORAGE_MAX_BYTES
+    Workspace.objects.select_for_update().filter(pk=collection.workspace_id).values_list("pk").first()
+    used = workspace_storage_used(collection.workspace_id)
+    if used + size > quota:
+        raise StorageQuotaExceeded(
+            f"{source_name} ({size} bytes) would take the workspace over its storage quota of {quota} bytes "
+            f"({used} bytes used); delete documents to make room"
+        )
 
 
 def _storage_name(source_name: str, digest: str) -> str:
@@ -115,7 +185,8 @@ def _storage_name(source_name: str, digest: str) -> str:
     The user's file name is kept in ``source_name`` only; it never becomes a path, so
     names like ``../../etc/passwd`` or control characters cannot escape the storage folder.
     """
-    suffix = "".join(ch for ch in PurePath(source_name).suffix.lower() if ch.isalnum() or ch == ".")[:10]
+    suffix = "".join(ch for ch in PurePath(source_name).suffix.lower() if (ch.isascii() and ch.isalnum()) or ch == ".")
+    suffix = suffix[:10] if len(suffix) > 1 else ""
     return f"{digest[:32]}{suffix}"
 
 

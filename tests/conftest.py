@@ -169,3 +169,13 @@ def start_web(tmp_path):
         return web_server(tmp_path, **kwargs)
 
     return factory
+
+
+@pytest.fixture
+def browser():
+    """Headless Chromium driven by Selenium (tests/browser.py); skipped, saying what to
+    install, where Chromium or chromedriver is missing."""
+    from tests.browser import chromium
+
+    with chromium() as driver:
+        yield driver

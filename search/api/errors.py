@@ -30,6 +30,7 @@ from rest_framework.views import set_rollback
 
 from billing.limits import LimitExceeded
 from inference.router import RouteNotFound, RouteUnavailable
+from ragsite.outages import RETRY_AFTER_S, log_outage, outage_message, outage_of
 from search.answers import AnswerError
 from search.selectors import SearchError
 from search.services import DocumentRejected
@@ -118,6 +119,13 @@ def api_error_of(exc: Exception) -> ApiError | None:
         return invalid(None, str(exc))
     if isinstance(exc, DocumentRejected):
         return ApiError(status.HTTP_400_BAD_REQUEST, "document_rejected", str(exc), field="files")
+    if service := outage_of(exc):
+        return ApiError(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            outage_message(service),
+            retry_after_s=RETRY_AFTER_S,
+        )
     return None
 
 
@@ -142,6 +150,8 @@ def _validation_error(exc: exceptions.ValidationError) -> ApiError:
 def api_exception_handler(exc: Exception, context: dict) -> Response:
     """DRF's exception handler for the API's views: see the module docstring."""
     error = api_error_of(exc)
+    if service := outage_of(exc):
+        log_outage(service, context["request"], exc)
     if error is None:
         view = context.get("view")
         logger.error("API request failed in %s", type(view).__name__ if view else "a view", exc_info=exc)

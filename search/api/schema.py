@@ -28,6 +28,7 @@ _ERROR_DESCRIPTIONS = {
     404: "No such object in this workspace (another workspace's objects are not found either), or no such "
     "workspace of yours (`workspace_not_found`).",
     409: "The request conflicts with the object's state.",
+    413: "A file is larger than the server accepts (`document_too_large`).",
     415: "Unsupported request body type.",
     429: "Too many requests: `rate_limited`, with `Retry-After` (seconds).",
     503: "No upstream can serve the route now (`route_unavailable`), with `Retry-After` when one comes back.",

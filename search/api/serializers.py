@@ -23,8 +23,22 @@ from search.selectors import MODES
 
 # Ids are PostgreSQL bigints.
 MAX_ID = 2**63 - 1
-# Anything but whitespace: a value that is blank once trimmed is refused by the schema too.
-_NOT_BLANK = RegexValidator(r"\S", "This field may not be blank.")
+
+
+class TextPattern(RegexValidator):
+    """A pattern the schema states (drf-spectacular shows a ``RegexValidator``'s) and this
+    validator checks, except in text holding NUL characters: DRF's ``CharField`` refuses
+    those itself ("Null characters are not allowed": PostgreSQL text cannot hold them)."""
+
+    def __call__(self, value):
+        if "\x00" not in str(value):
+            super().__call__(value)
+
+
+# Text without NUL characters: what DRF accepts, said in the schema.
+_NO_NUL = TextPattern(r"^[^\x00]*$")
+# Something besides whitespace: a value that is blank once trimmed is refused by the schema too.
+_NOT_BLANK = TextPattern(r"^[^\x00]*[^\x00\s][^\x00]*$", "This field may not be blank.")
 SEARCH_TOP_K_MAX = 50
 FILES_PER_UPLOAD_MAX = 20
 COLLECTIONS_PER_REQUEST_MAX = 100
@@ -35,6 +49,7 @@ def _id_list(**kwargs) -> serializers.ListField:
     return serializers.ListField(
         child=serializers.IntegerField(min_value=1, max_value=MAX_ID),
         allow_empty=False,
+        min_length=1,  # the same as allow_empty=False, and what the schema says (minItems)
         max_length=COLLECTIONS_PER_REQUEST_MAX,
         **kwargs,
     )
@@ -86,16 +101,20 @@ class CollectionSerializer(serializers.ModelSerializer):
 
 class CollectionCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200, validators=[_NOT_BLANK])
-    description = serializers.CharField(max_length=10_000, required=False, allow_blank=True, default="")
+    description = serializers.CharField(
+        max_length=10_000, required=False, allow_blank=True, default="", validators=[_NO_NUL]
+    )
     embedding_model = serializers.CharField(
         max_length=200,
         required=False,
+        validators=[_NO_NUL],
         default=DEFAULT_EMBEDDER,
         help_text=f"{DEFAULT_EMBEDDER} (built in) or openai:<model> (needs EMBEDDING_API_BASE_URL).",
     )
     text_search_config = serializers.CharField(
         max_length=63,
         required=False,
+        validators=[_NO_NUL],
         default="english",
         help_text="PostgreSQL text-search configuration (stemming language), e.g. english, simple.",
     )
@@ -177,13 +196,17 @@ class JSONObjectText(serializers.JSONField):
 class DocumentUploadSerializer(serializers.Serializer):
     collection = serializers.IntegerField(min_value=1, max_value=MAX_ID, help_text="The collection's id.")
     files = serializers.ListField(
-        child=serializers.FileField(),
+        # An empty file is refused by document_create, as document_rejected naming it (docs/api.md).
+        child=serializers.FileField(allow_empty_file=True),
         min_length=1,
         max_length=FILES_PER_UPLOAD_MAX,
         help_text="One or more files (repeat the part): text, Markdown, HTML, PDF or DOCX.",
     )
     title = serializers.CharField(
-        max_length=500, required=False, help_text="Only with one file; default: from the file name."
+        max_length=500,
+        required=False,
+        validators=[_NO_NUL],
+        help_text="Only with one file; default: from the file name.",
     )
     metadata = JSONObjectText(
         binary=True, required=False, help_text="A JSON object, as text, stored with each document."
@@ -249,7 +272,10 @@ class AnswerCreateSerializer(serializers.Serializer):
     question = serializers.CharField(max_length=QUESTION_MAX_CHARS, validators=[_NOT_BLANK])
     collections = _id_list(required=False, help_text="Collection ids; default: all of the workspace's.")
     route = serializers.CharField(
-        max_length=100, required=False, help_text="A generation route by name; default: the default route."
+        max_length=100,
+        required=False,
+        validators=[_NO_NUL],
+        help_text="A generation route by name; default: the default route.",
     )
     top_k = serializers.IntegerField(min_value=1, max_value=TOP_K_MAX, default=8, help_text="Passages retrieved.")
     max_tokens = serializers.IntegerField(min_value=1, max_value=100_000, required=False)

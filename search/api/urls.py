@@ -2,7 +2,7 @@
 OpenAPI schema and its interactive docs. Paths have no trailing slash."""
 
 from django.urls import path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from search.api import streaming, views
 
@@ -21,5 +21,5 @@ urlpatterns = [
     path("v1/usage", views.UsageView.as_view(), name="usage"),
     re_path(r"^v1/", views.endpoint_not_found),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+    path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api:schema"), name="docs"),
 ]

@@ -36,7 +36,7 @@ from search.api.schema import error_responses
 from search.api.throttling import ApiRateThrottle
 from search.models import Answer, Collection, Document
 from search.selectors import SearchError, chunk_search
-from search.services import DocumentRejected, collection_create, document_create, document_delete, document_retry
+from search.services import collection_create, document_create, document_delete, document_retry
 
 FINISHED = (Answer.Status.DONE, Answer.Status.FAILED)
 
@@ -86,6 +86,17 @@ def query_data(request, *lists: str) -> dict:
 
 def _not_found(kind: str, object_id) -> NotFound:
     return NotFound(f"No {kind} {object_id} in this workspace.", code="not_found")
+
+
+def _collections_check(workspace, collection_ids: list[int] | None) -> None:
+    """A 400 on ``collections`` naming the ids that are not the workspace's, worded the same
+    whether another workspace has them or nobody does."""
+    if collection_ids is None:
+        return
+    found = set(Collection.objects.filter(workspace=workspace, pk__in=collection_ids).values_list("pk", flat=True))
+    missing = sorted(set(collection_ids) - found)
+    if missing:
+        raise invalid("collections", f"No collection {', '.join(map(str, missing))} in this workspace.")
 
 
 def _collections(workspace):
@@ -200,7 +211,7 @@ class DocumentListView(ApiView):
         responses={
             201: api.UploadResultSerializer,
             200: OpenApiResponse(api.UploadResultSerializer, description="Every file was already there."),
-            **error_responses(415),
+            **error_responses(413, 415),
         },
     )
     def post(self, request):
@@ -219,8 +230,11 @@ class DocumentListView(ApiView):
                 for file in data["files"]:
                     name = _display_name(file.name)
                     if file.size > settings.DOCUMENT_MAX_BYTES:  # refused before it is read into memory
-                        raise DocumentRejected(
-                            f"{name} is {file.size} bytes, over the limit of {settings.DOCUMENT_MAX_BYTES} bytes"
+                        raise ApiError(
+                            status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+                            "document_too_large",
+                            f"{name} is {file.size} bytes, over the limit of {settings.DOCUMENT_MAX_BYTES} bytes",
+                            field="files",
                         )
                     document, created = document_create(
                         collection=collection,
@@ -307,13 +321,7 @@ class SearchView(ApiView):
         serializer.is_valid(raise_exception=True)
         params = serializer.validated_data
         collection_ids = params.get("collections")
-        if collection_ids is not None:
-            found = set(
-                Collection.objects.filter(workspace=self.workspace, pk__in=collection_ids).values_list("pk", flat=True)
-            )
-            missing = sorted(set(collection_ids) - found)
-            if missing:
-                raise invalid("collections", f"No collection {', '.join(map(str, missing))} in this workspace.")
+        _collections_check(self.workspace, collection_ids)
         try:
             result = chunk_search(
                 query=params["query"],
@@ -448,6 +456,7 @@ class AnswerCreateView(ApiView):
         serializer = api.AnswerCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         params = serializer.validated_data
+        _collections_check(self.workspace, params.get("collections"))
         access = request.access
         answer = answer_create(
             workspace=self.workspace,

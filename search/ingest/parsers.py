@@ -11,6 +11,7 @@ import io
 import re
 import unicodedata
 import zipfile
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
@@ -39,6 +40,15 @@ MAX_DOCX_COMPRESSION_RATIO = 100
 # Tiny members (e.g. an empty XML part) can have silly ratios without being dangerous.
 _DOCX_MEMBER_RATIO_MIN_BYTES = 1024 * 1024
 MAX_PDF_TEXT_CHARS = 20_000_000
+# A ZIP's members are listed in memory (a few hundred bytes each) before any check can run:
+# bound their number, and the size of the directory that lists them, first. A real .docx has
+# tens of parts, a few hundred with many images.
+MAX_ZIP_MEMBERS = 10_000
+MAX_ZIP_DIRECTORY_BYTES = 4 * 1024 * 1024
+# PDF decompression bombs: pypdf keeps every stream it decodes (cached on the object), so
+# each stream is bounded (pypdf's own limits, lowered) and so is their total per document.
+MAX_PDF_STREAM_BYTES = 32 * 1024 * 1024
+MAX_PDF_INFLATED_BYTES = 128 * 1024 * 1024
 
 # More than this share of control characters means "binary", not "text with a few oddities".
 _MAX_CONTROL_RATIO = 0.05
@@ -256,12 +266,43 @@ def _declared_html_charset(data: bytes) -> str | None:
     return match.group(1).decode("ascii") if match else None
 
 
-def _zip_names(data: bytes, source_name: str) -> list[str]:
+def _zip_directory_check(data: bytes, what: str) -> None:
+    """Refuse archives whose directory alone is too large to list, before ``zipfile`` lists it.
+
+    ``zipfile`` reads the whole central directory (as many entries as its declared size
+    holds, whatever the declared count says) into one object per member.
+    """
+    try:
+        end = zipfile._EndRecData(io.BytesIO(data))  # the end-of-directory record, ZIP64 included
+    except (OSError, ValueError, IndexError):  # a damaged record: zipfile itself reports it below
+        return
+    if not end:
+        return
+    count, size = end[zipfile._ECD_ENTRIES_TOTAL], end[zipfile._ECD_SIZE]
+    if count > MAX_ZIP_MEMBERS:
+        raise ParseError(f"{what} has {count:,} members, more than the {MAX_ZIP_MEMBERS:,} allowed")
+    if size > MAX_ZIP_DIRECTORY_BYTES:
+        raise ParseError(f"{what} has a directory of {size:,} bytes, more than the {MAX_ZIP_DIRECTORY_BYTES:,} allowed")
+
+
+def _zip_members(data: bytes, what: str, unreadable: str) -> list[zipfile.ZipInfo]:
+    """The members of a ZIP archive, refusing archives with too many."""
+    _zip_directory_check(data, what)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            return archive.namelist()
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise ParseError(f"{source_name} looks like a ZIP archive but it could not be read: {exc}") from exc
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, EOFError) as exc:
+        raise ParseError(f"{unreadable}: {_short_reason(exc)}") from exc
+    if len(members) > MAX_ZIP_MEMBERS:
+        raise ParseError(f"{what} has {len(members):,} members, more than the {MAX_ZIP_MEMBERS:,} allowed")
+    return members
+
+
+def _zip_names(data: bytes, source_name: str) -> list[str]:
+    members = _zip_members(
+        data, f"{source_name} (a ZIP archive)", f"{source_name} looks like a ZIP archive but it could not be read"
+    )
+    return [member.filename for member in members]
 
 
 def _looks_like_pdf(data: bytes) -> bool:
@@ -610,9 +651,92 @@ def _short_reason(exc: BaseException) -> str:
     return reason if len(reason) <= 200 else reason[:197] + "..."
 
 
+class _InflateBudget:
+    """Bytes decoded from one PDF's streams so far, against ``MAX_PDF_INFLATED_BYTES``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.exceeded = False
+
+
+_PDF_INFLATE_BUDGET: ContextVar[_InflateBudget | None] = ContextVar("pdf_inflate_budget", default=None)
+_PDF_BOMB_REASON = "(it looks like a decompression bomb)"
+
+
+def _pdf_inflate_counter_install() -> None:
+    """Count every stream pypdf decodes against the budget of the PDF being parsed.
+
+    pypdf bounds each stream but not their sum, and keeps every decoded stream; a PDF of
+    many moderate bombs would otherwise fill the memory. ``EncodedStreamObject.get_data``
+    looks ``decode_stream_data`` up in ``pypdf.filters`` at each call, so wrapping it there
+    sees all of them. Outside ``_parse_pdf`` (no budget set) the wrapper only passes through.
+    """
+    import pypdf.filters
+    from pypdf.errors import LimitReachedError
+
+    original = pypdf.filters.decode_stream_data
+    if getattr(original, "_ragsite_counting", False):
+        return
+
+    def decode_stream_data(stream):
+        budget = _PDF_INFLATE_BUDGET.get()
+        if budget is not None and budget.exceeded:
+            raise LimitReachedError("the PDF's decompression budget is spent")
+        decoded = original(stream)
+        if budget is not None:
+            budget.used += len(decoded)
+            if budget.used > budget.limit:
+                budget.exceeded = True  # even if pypdf swallows the error, every later decode fails
+                raise LimitReachedError("the PDF's decompression budget is spent")
+        return decoded
+
+    decode_stream_data._ragsite_counting = True
+    pypdf.filters.decode_stream_data = decode_stream_data
+
+
+def _pdf_limit_reason(exc: BaseException, budget: _InflateBudget) -> str:
+    if budget.exceeded:
+        return (
+            f"the PDF expands to more than {MAX_PDF_INFLATED_BYTES:,} bytes when decompressed, "
+            f"more than allowed {_PDF_BOMB_REASON}"
+        )
+    if "decompressing" in str(exc):
+        return (
+            f"the PDF has a stream that expands to more than {MAX_PDF_STREAM_BYTES:,} bytes when decompressed, "
+            f"more than allowed {_PDF_BOMB_REASON}"
+        )
+    return f"the PDF exceeds a safety limit: {_short_reason(exc)}"
+
+
 def _parse_pdf(data: bytes) -> ParsedDocument:
+    from pypdf import apply_configuration
+
+    _pdf_inflate_counter_install()
+    budget = _InflateBudget(MAX_PDF_INFLATED_BYTES)
+    token = _PDF_INFLATE_BUDGET.set(budget)
+    limit = MAX_PDF_STREAM_BYTES
+    try:
+        with apply_configuration(
+            zlib_maximum_output_length=limit,
+            lzw_maximum_output_length=limit,
+            run_length_maximum_output_length=limit,
+            brotli_maximum_output_length=limit,
+            jbig2_maximum_output_length=limit,
+            array_based_stream_maximum_output_length=limit,
+            image_maximum_buffer_size=limit,
+        ):
+            parsed = _parse_pdf_bounded(data, budget)
+    finally:
+        _PDF_INFLATE_BUDGET.reset(token)
+    if budget.exceeded:  # a decode failed on the budget but pypdf carried on without that stream
+        raise ParseError(_pdf_limit_reason(Exception(), budget))
+    return parsed
+
+
+def _parse_pdf_bounded(data: bytes, budget: _InflateBudget) -> ParsedDocument:
     from pypdf import PdfReader
-    from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
+    from pypdf.errors import DependencyError, FileNotDecryptedError, LimitReachedError, PyPdfError
 
     try:
         reader = PdfReader(io.BytesIO(data))
@@ -629,6 +753,8 @@ def _parse_pdf(data: bytes) -> ParsedDocument:
         raise
     except FileNotDecryptedError as exc:
         raise ParseError("the PDF is encrypted with a password") from exc
+    except LimitReachedError as exc:
+        raise ParseError(_pdf_limit_reason(exc, budget)) from exc
     except Exception as exc:  # pypdf raises many types (PdfReadError, ValueError, KeyError...) on bad files
         raise ParseError(f"the PDF could not be read: {_short_reason(exc)}") from exc
 
@@ -638,6 +764,8 @@ def _parse_pdf(data: bytes) -> ParsedDocument:
     for number in range(page_count):
         try:
             page_text = pages[number].extract_text() or ""
+        except LimitReachedError as exc:  # a bomb is not "one broken page": refuse the document
+            raise ParseError(_pdf_limit_reason(exc, budget)) from exc
         except (PyPdfError, ValueError, KeyError, TypeError, AttributeError, IndexError, OSError):
             # One broken page (bad font, damaged stream) should not lose the rest of the document.
             unreadable.append(number + 1)
@@ -677,11 +805,7 @@ def _check_zip_bomb(data: bytes) -> None:
     returns more than the declared size for a member (it truncates and fails the CRC check),
     so a lie cannot make the later reads inflate more than what is checked here.
     """
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            members = archive.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise ParseError(f"the Word document could not be read: {_short_reason(exc)}") from exc
+    members = _zip_members(data, "the Word document", "the Word document could not be read")
     total = sum(member.file_size for member in members)
     compressed = sum(member.compress_size for member in members)
     if total > MAX_DOCX_UNCOMPRESSED_BYTES:

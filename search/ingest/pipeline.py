@@ -107,6 +107,11 @@ def documents_prepare(*, document_ids: list[int], on_progress=None) -> tuple[dic
             parsed.append((document, result, hashlib.sha256(result.text.encode()).hexdigest()))
         except (ParseError, IngestError) as exc:
             document_fail(document, str(exc))
+        except Exception as exc:  # a library's unexpected error on hostile input fails the file, not the task
+            logger.exception("document %s: the parser failed unexpectedly", document.pk)
+            document_fail(
+                document, f"the file could not be parsed: {type(exc).__name__} in the {document.media_type} parser"
+            )
     duplicates = _duplicates_of([(document, digest) for document, _, digest in parsed])
 
     _stage_update([document for document, _, _ in parsed], Document.Status.CHUNKING)

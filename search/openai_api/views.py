@@ -25,6 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 from billing import client_keys
 from billing.models import ClientKey
 from inference.models import Route
+from ragsite.outages import RETRY_AFTER_S, log_outage, outage_message, outage_of
 from search.embedders import DEFAULT_EMBEDDER
 from search.models import Collection
 from search.openai_api import chat as chat_api
@@ -49,7 +50,12 @@ def api_view(*methods: str):
                 return await view(request, *args, **kwargs)
             except ApiError as exc:
                 return exc.response()
-            except Exception:
+            except Exception as exc:
+                if service := outage_of(exc):
+                    log_outage(service, request, exc)
+                    return ApiError(
+                        503, outage_message(service), code="service_unavailable", retry_after_s=RETRY_AFTER_S
+                    ).response()
                 logger.exception("OpenAI-compatible API: %s %s failed", request.method, request.path)
                 return ApiError(500, "the server failed to answer this request", code="internal_error").response()
 

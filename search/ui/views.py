@@ -297,7 +297,9 @@ def upload(request):
     if request.htmx:
         added = sum(outcome.kind == "added" for outcome in outcomes)
         context = {"outcomes": outcomes, **_document_list(request, note=f"{added} of {len(outcomes)} files added.")}
-        return render(request, "search/_upload_report.html", context)
+        # Every file refused: 422 (which htmx still shows), as for a refused form.
+        refused = all(outcome.kind == "rejected" for outcome in outcomes)
+        return render(request, "search/_upload_report.html", context, status=422 if refused else 200)
     levels = {"added": messages.SUCCESS, "duplicate": messages.INFO, "rejected": messages.ERROR}
     for outcome in outcomes:
         messages.add_message(request, levels[outcome.kind], outcome.message)

@@ -246,8 +246,8 @@ def test_the_question_alone_must_fit():
 
 
 def test_a_source_larger_than_the_window_is_answered_by_map_reduce():
-    # The window leaves 212 tokens for a prompt: the 400-word source cannot fit alone.
-    budget = words_budget(312, max_tokens=100)
+    # The window leaves 229 tokens for a prompt: the 400-word source cannot fit alone.
+    budget = words_budget(329, max_tokens=100)
     sources = [source(1, 400, "Big report"), source(2, 20, "Note")]
     plan = prompt_plan(QUESTION, sources, budget)
     assert plan.strategy == "map_reduce"

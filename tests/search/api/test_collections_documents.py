@@ -103,9 +103,9 @@ def test_two_files_uploaded_in_one_request_are_queued_then_processed(
 def test_an_upload_with_a_refused_file_stores_nothing(admin_client, handbook, settings):
     settings.DOCUMENT_MAX_BYTES = 100
     response = upload(admin_client, handbook.pk, {"small.txt": b"Small enough.", "large.txt": b"x" * 101})
-    assert response.status_code == 400
+    assert response.status_code == 413
     error = response.json()["error"]
-    assert (error["code"], error["field"]) == ("document_rejected", "files")
+    assert (error["code"], error["field"]) == ("document_too_large", "files")
     assert "large.txt is 101 bytes, over the limit of 100 bytes" in error["message"]
     assert Document.objects.count() == 0
     media = settings.MEDIA_ROOT

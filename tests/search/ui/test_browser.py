@@ -8,13 +8,12 @@ Screenshots (the search page at desktop and phone widths, the cited passage, the
 are kept as test artifacts in ``test-artifacts/`` at the repository's root (git-ignored;
 ``TEST_ARTIFACTS_DIR`` to put them elsewhere), replaced by each run; their paths are printed
 (``pytest -s`` shows them). Without Chromium, chromedriver or
-selenium the test is skipped, saying what to install.
+selenium the test is skipped, saying what to install (tests/browser.py).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -23,60 +22,17 @@ import pytest
 from inference.streams import StreamWriter
 from search.models import Answer, Chunk
 from search.services import collection_create, workspace_create
+from tests.browser import console_errors, wait_until
 from tests.search.ui.conftest import PASSWORD, member
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # the server sees committed rows
 
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or Path(__file__).resolve().parents[3] / "test-artifacts")
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-    "--window-size=1280,1000",
-)
 ROBOT = (
     "# Atlas-7 robot\n\nThe Atlas-7 warehouse robot runs for 10 hours on one battery charge. "
     "Charging the battery takes 90 minutes at the dock.\n\n## Maintenance\n\n"
     "The wheels are replaced every 2,000 hours of operation."
 )
-
-
-@pytest.fixture
-def browser():
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("selenium is not installed: .venv/bin/pip install -r requirements-dev.txt")
-    chromium = next(filter(None, map(shutil.which, BROWSERS)), None)
-    chromedriver = shutil.which("chromedriver")
-    missing = [name for name, path in (("chromium", chromium), ("chromedriver", chromedriver)) if path is None]
-    if missing:
-        pytest.skip(
-            f"headless browser tests need {' and '.join(missing)} on PATH "
-            "(Debian/Ubuntu: apt install chromium chromium-driver)"
-        )
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in FLAGS:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def wait_until(driver, condition, timeout: float = 15, message: str = ""):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition, message)
 
 
 def test_log_in_upload_search_ask_and_open_a_citation(browser, start_web, start_worker, settings, tmp_path):
@@ -173,3 +129,6 @@ def test_log_in_upload_search_ask_and_open_a_citation(browser, start_web, start_
         writer.write("delta", text=" that nobody reads.")
         time.sleep(0.5)
         assert shown_text() == "Ten hours [1], then more"
+        # The whole walk ran under the content security policy (ragsite/settings.py) with no
+        # violation and no script error.
+        assert console_errors(browser) == []

@@ -1,0 +1,143 @@
+"""Admission by queue depth: a new generation is refused when its queue is already full.
+
+Beyond what the workers can serve, an unbounded queue only turns overload into latency:
+every waiting answer waits longer, clients time out and ask again, and the backlog outlives
+the burst. So ``router.submit`` enqueues a generation only while its queue (``gpu`` or
+``remote``) holds fewer than ``GENERATION_QUEUE_MAX`` messages waiting for a worker;
+otherwise it raises ``QueueFull``, a ``RouteUnavailable`` with ``retry_after_s``
+(``GENERATION_QUEUE_RETRY_AFTER_S``), which the REST API and the OpenAI-compatible API
+answer with 503 and ``Retry-After``, and the UI shows as "try again". 0 turns the bound off.
+
+What is counted. Celery's Redis transport keeps a queue as a Redis list named after it (one
+list per priority step: ``name``, then ``name\\x06\\x163``, ``\\x06\\x166``, ``\\x06\\x169``);
+a message a worker has taken (prefetched or running) leaves the list for the transport's
+``unacked`` hash. So the lists' lengths are the backlog no worker has started: a worker's
+own concurrency (the remote worker's threads, the gpu worker's one process) is capacity,
+not backlog.
+
+Exactly at most the bound, across threads and web processes. Checking the length and then
+publishing would let concurrent submissions all pass the check before any of them lands in
+the list. Instead a submission reserves a slot first, in one Lua script (atomic): admitted
+while the lists' lengths plus the reservations in flight are under the bound, and then
+holds an entry in the queue's reservation set until its message is in the list (or its
+publish failed). The check is conservative, never over: between a message's publish and
+its reservation's release (one Redis round trip) it counts twice, so a concurrent
+submission may be refused with one slot still free. A reservation is scored by its expiry
+(``RESERVATION_TTL_S``): one left by a process that died between reserving and publishing
+stops counting after that.
+
+What is exempt. Submissions from inside a Celery task are continuations of work already
+admitted (the reduce request of a map-reduce answer, submitted by the worker that stored
+the last map): refusing them would waste the work done, and there is at most one per
+admitted answer, so they cannot grow the queue without bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import uuid
+from collections.abc import Iterator
+
+from django.conf import settings
+
+from inference.router import RouteUnavailable
+
+# Kombu's Redis transport: the priority steps of a queue and the separator of their lists.
+PRIORITY_STEPS = (0, 3, 6, 9)
+PRIORITY_SEPARATOR = "\x06\x16"
+# A reservation not released within this long (its process died before publishing) stops counting.
+RESERVATION_TTL_S = 30
+
+
+class QueueFull(RouteUnavailable):
+    """The generation's queue already holds its bound of waiting messages: 503 with ``Retry-After``."""
+
+    def __init__(self, queue: str, waiting: int, limit: int, retry_after_s: float):
+        super().__init__(
+            f"the service is at capacity: {waiting} generations are waiting on queue {queue!r} (the limit is "
+            f"{limit}); try again in {retry_after_s:g} s",
+            retry_after_s=retry_after_s,
+        )
+        self.queue = queue
+        self.waiting = waiting
+        self.limit = limit
+
+
+# KEYS[1]: the queue's reservation set (member: token, score: expiry in ms); KEYS[2..]: the
+# queue's lists. ARGV: the bound, the reservation's time to live in ms, its token.
+# Returns {admitted (0/1), messages in the lists, reservations in flight}.
+_RESERVE = """
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+local waiting = 0
+for i = 2, #KEYS do
+  waiting = waiting + redis.call('LLEN', KEYS[i])
+end
+local reserved = redis.call('ZCARD', KEYS[1])
+if waiting + reserved >= tonumber(ARGV[1]) then
+  return {0, waiting, reserved}
+end
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now_ms + ttl, ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ttl)
+return {1, waiting, reserved}
+"""
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists holding ``queue``'s waiting messages, one per priority step."""
+    return [queue if step == 0 else f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS]
+
+
+def reservations_key(queue: str) -> str:
+    return f"backpressure:reserved:{queue}"
+
+
+def queue_depth(queue: str, client=None) -> int:
+    """Messages waiting in ``queue`` for a worker (all priority steps)."""
+    client = client or _redis()
+    pipe = client.pipeline(transaction=False)
+    for name in queue_lists(queue):
+        pipe.llen(name)
+    return sum(pipe.execute())
+
+
+def _redis():
+    from inference.streams import redis_client
+
+    return redis_client()
+
+
+@functools.cache
+def _script(client):
+    return client.register_script(_RESERVE)
+
+
+def _in_celery_task() -> bool:
+    from celery import current_task
+
+    return bool(current_task and current_task.request.id and not current_task.request.is_eager)
+
+
+@contextlib.contextmanager
+def queue_slot(queue: str) -> Iterator[None]:
+    """Hold a slot of ``queue`` while its message is published (``with queue_slot(q): publish``);
+    ``QueueFull`` when the queue already holds ``GENERATION_QUEUE_MAX`` waiting messages."""
+    limit = settings.GENERATION_QUEUE_MAX
+    if limit <= 0 or _in_celery_task():
+        yield
+        return
+    client = _redis()
+    token = uuid.uuid4().hex
+    key = reservations_key(queue)
+    admitted, waiting, reserved = _script(client)(
+        keys=[key, *queue_lists(queue)], args=[limit, RESERVATION_TTL_S * 1000, token], client=client
+    )
+    if not admitted:
+        raise QueueFull(queue, int(waiting) + int(reserved), limit, float(settings.GENERATION_QUEUE_RETRY_AFTER_S))
+    try:
+        yield
+    finally:
+        client.zrem(key, token)
