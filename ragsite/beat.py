@@ -21,6 +21,12 @@ BEAT_SCHEDULE = {
         "schedule": 60.0,
         "options": {"expires": 60},
     },
+    # Ends answers left unfinished an hour after they were asked (search/answers.py answers_reap).
+    "answers-reap": {
+        "task": "search.tasks.answers_reap",
+        "schedule": 300.0,
+        "options": {"expires": 300},
+    },
     # Stores queued usage-ledger rows that no generation task stored (billing/ledger.py).
     "ledger-drain": {
         "task": "billing.tasks.ledger_drain",

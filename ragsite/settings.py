@@ -234,7 +234,10 @@ READYZ_WORKER_TIMEOUT = env_float("READYZ_WORKER_TIMEOUT", 1.0, minimum=0.05)
 # Overload shedding: beyond capacity, 503 with Retry-After at once instead of a growing wait.
 # Requests one web process serves at once (ragsite/overload.py; /healthz, /readyz, static
 # files and answer event streams are not counted); 0: no bound.
-WEB_MAX_IN_FLIGHT = env_int("WEB_MAX_IN_FLIGHT", 64, minimum=0)
+# Default: 8 per CPU. A request is mostly CPU (the query's embedding, PostgreSQL on the same
+# host): past that many, more in flight only lengthen each one (benchmarks/load.py measured a
+# flat ~60 searches/s on 2 CPUs from 4 users on, p50 growing linearly to 1 s at 64).
+WEB_MAX_IN_FLIGHT = env_int("WEB_MAX_IN_FLIGHT", 8 * max(1, len(os.sched_getaffinity(0))), minimum=0)
 WEB_OVERLOAD_RETRY_AFTER_S = env_int("WEB_OVERLOAD_RETRY_AFTER_S", 1, minimum=1)
 # Generations waiting for a worker on each generation queue, gpu and remote
 # (inference/backpressure.py); a new answer beyond it gets 503. 0: no bound.

@@ -35,6 +35,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
+from datetime import timedelta
 
 import redis
 from celery import signature
@@ -402,6 +403,26 @@ def answer_finalize(*, answer_id, result) -> tuple[Answer | None, bool]:
         answer.finished_at = timezone.now()
         answer.save()
         return answer, False
+
+
+def answers_reap() -> int:
+    """End the answers still unfinished ``FINALIZE_WATCH_SECONDS`` after they were asked: the
+    tasks that should have stored them were lost on the way (Redis unreachable when a failed
+    generation's ``link_error`` was to be sent, a broker message lost with its Redis). Each is
+    finalized from its stream: stored if its generation did end, else failed ("the generation
+    never ended"), so that no answer stays ``generating`` for ever. Beat runs it every 5
+    minutes; returns how many it ended."""
+    cutoff = timezone.now() - timedelta(seconds=FINALIZE_WATCH_SECONDS)
+    stale = Answer.objects.filter(
+        status__in=(Answer.Status.QUEUED, Answer.Status.GENERATING), created_at__lt=cutoff
+    ).values_list("pk", flat=True)
+    ended = 0
+    for answer_id in list(stale[:1000]):
+        answer, waiting = answer_finalize(answer_id=answer_id, result=None)
+        if answer is not None and not waiting:
+            logger.warning("answer %s unfinished after %d s: %s", answer_id, FINALIZE_WATCH_SECONDS, answer.status)
+            ended += 1
+    return ended
 
 
 def _error_text(error: dict) -> str:

@@ -198,9 +198,13 @@ def _enqueue_ingest(document_id: int) -> None:
 
 def document_retry(*, document: Document) -> Document:
     """Queue a failed document for another attempt."""
+    from inference.streams import redis_client
+    from search.tasks import interruptions_key
+
     if document.status != Document.Status.FAILED:
         return document
     Document.objects.filter(pk=document.pk).update(status=Document.Status.QUEUED, error="", chunks_embedded=0)
+    redis_client().delete(interruptions_key(document.pk))  # a retry starts a new count of cut-off runs
     document.refresh_from_db()
     transaction.on_commit(lambda: _enqueue_ingest(document.pk))
     return document

@@ -29,9 +29,43 @@ def _backoff(retries: int) -> float:
     return random.uniform(0, min(120, 2 ** (retries + 1)))  # noqa: S311 (not for security)
 
 
+# A document whose ingestion was cut off this many times (its worker process died each time:
+# a file that crashes a parser, a worker short of memory) fails instead of being redelivered
+# for ever: ingestion tasks are requeued when their worker is lost (reject_on_worker_lost).
+INGEST_MAX_INTERRUPTIONS = 3
+_IN_PROGRESS = (Document.Status.PARSING, Document.Status.CHUNKING, Document.Status.EMBEDDING)
+
+
+def interruptions_key(document_id: int) -> str:
+    return f"ingest:interrupted:{document_id}"
+
+
+def _interrupted_too_often(document_id: int) -> bool:
+    """Counts a delivery that finds its document still in progress (the previous delivery's
+    worker died mid-way); True once that has happened ``INGEST_MAX_INTERRUPTIONS`` times."""
+    from inference.streams import redis_client
+
+    status = Document.objects.filter(pk=document_id).values_list("status", flat=True).first()
+    if status not in _IN_PROGRESS:
+        return False
+    client = redis_client()
+    count = client.incr(interruptions_key(document_id))
+    client.expire(interruptions_key(document_id), 86400)
+    return count >= INGEST_MAX_INTERRUPTIONS
+
+
 @shared_task(name="search.tasks.document_ingest", bind=True, max_retries=MAX_RETRIES, **LONG_TASK_OPTIONS)
 def document_ingest(self, document_id: int) -> str:
     try:
+        if _interrupted_too_often(document_id):
+            document = Document.objects.get(pk=document_id)
+            pipeline.document_fail(
+                document,
+                f"ingestion was cut off {INGEST_MAX_INTERRUPTIONS} times: the worker process died while working on "
+                "this file each time (a file that crashes a parser, or a worker short of memory); retry it once "
+                "the cause is fixed",
+            )
+            return document.status
         return pipeline.document_ingest(document_id=document_id).status
     except Document.DoesNotExist:
         return "deleted"  # removed while queued: nothing to do
@@ -109,6 +143,14 @@ def _answer_step(task, answer_id: str, step, args: tuple) -> None:
         raise
     if not done:
         raise task.retry(args=({"status": "watch"}, *args), countdown=answers.FINALIZE_WATCH_INTERVAL_S)
+
+
+@shared_task(name="search.tasks.answers_reap", ignore_result=True, soft_time_limit=240, time_limit=280)
+def answers_reap() -> int:
+    """Beat: end answers whose storing tasks were lost (``search.answers.answers_reap``)."""
+    from search import answers
+
+    return answers.answers_reap()
 
 
 @shared_task(name="search.tasks.answer_generation_lost", ignore_result=True)

@@ -256,6 +256,32 @@ def test_finalize_fails_the_answer_with_the_generations_error_and_keeps_the_part
     assert answers.answer_finalize(answer_id=uuid.uuid4(), result={}) == (None, False)
 
 
+def test_the_reaper_ends_answers_left_unfinished_past_the_watch_and_leaves_younger_ones(corpus):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ragsite.beat import BEAT_SCHEDULE
+    from search.tasks import answers_reap
+
+    workspace, _ = corpus
+    old = timezone.now() - timedelta(seconds=answers.FINALIZE_WATCH_SECONDS + 60)
+    lost, ended, young = (pending_answer(workspace) for _ in range(3))
+    Answer.objects.filter(pk__in=[lost.pk, ended.pk]).update(created_at=old)
+    writer = StreamWriter(str(ended.id))  # its generation ended, but the task storing it was lost
+    writer.write("delta", text="Ten hours [1].")
+    writer.write("stats", completion_tokens=3)
+
+    assert answers_reap.apply().get() == 2  # the beat task, run here
+    statuses = {a.pk: (a.status, a.text, a.error) for a in Answer.objects.filter(pk__in=[lost.pk, ended.pk, young.pk])}
+    assert statuses == {
+        lost.pk: ("failed", "", "the generation never ended"),
+        ended.pk: ("done", "Ten hours [1].", ""),
+        young.pk: ("generating", "", ""),
+    }
+    assert BEAT_SCHEDULE["answers-reap"]["task"] == "search.tasks.answers_reap"
+
+
 # --------------------------------------------------------------------------- extractive
 
 

@@ -177,6 +177,26 @@ def test_a_failed_document_can_be_retried(collection):
     assert indexed.attempts == 2
 
 
+def test_a_document_cut_off_three_times_fails_instead_of_being_redelivered_for_ever(collection):
+    from search.tasks import INGEST_MAX_INTERRUPTIONS, document_ingest, interruptions_key
+
+    document, _ = document_create(collection=collection, source_name="h.md", content=HANDBOOK.encode(), enqueue=False)
+    in_progress = {"status": Document.Status.EMBEDDING}
+    # Each delivery that finds the document still in progress follows a worker that died on it.
+    for cut_off in range(1, INGEST_MAX_INTERRUPTIONS):
+        Document.objects.filter(pk=document.pk).update(**in_progress)
+        assert document_ingest.apply(args=(document.pk,)).get() == "indexed"  # the task, run here
+        assert int(redis_client().get(interruptions_key(document.pk))) == cut_off
+    Document.objects.filter(pk=document.pk).update(**in_progress)
+    assert document_ingest.apply(args=(document.pk,)).get() == "failed"
+    document.refresh_from_db()
+    assert document.error.startswith("ingestion was cut off 3 times: the worker process died while working on this")
+    # A retry by a person starts a new count.
+    document_retry(document=document)
+    assert redis_client().get(interruptions_key(document.pk)) is None
+    assert pipeline.document_ingest(document_id=document.pk).status == "indexed"
+
+
 def test_deleting_a_document_removes_its_share_of_the_statistics(collection):
     first = ingest(collection, "handbook.md", HANDBOOK)
     second = ingest(collection, "travel.txt", "Trains are booked in second class. Flights need approval.")

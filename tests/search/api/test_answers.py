@@ -6,6 +6,8 @@ nothing comes, resume from Last-Event-ID). test_live.py runs it behind uvicorn."
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import time
 import uuid
 from datetime import timedelta
@@ -19,9 +21,9 @@ from django.test import AsyncClient
 from django.utils import timezone
 
 from billing.models import Price
-from inference import router
+from inference import backpressure
 from inference.models import Provider, Route, UpstreamKey
-from inference.streams import StreamWriter
+from inference.streams import StreamWriter, redis_client
 from search.api import streaming
 from search.models import Answer, Document, Membership
 from search.services import workspace_create
@@ -35,7 +37,7 @@ QUESTION = "How long does charging take?"
 
 def remote_route(*, window: int = 4096, cooling_for_s: float | None = None) -> Route:
     """A default route to an OpenAI-compatible upstream nobody serves: tests that use it stop
-    before a worker would call it (refused, or ``router.submit`` replaced)."""
+    before a worker would call it (refused, or sent to a queue no worker consumes here)."""
     provider = Provider.objects.create(
         name=f"upstream-{uuid.uuid4().hex[:6]}",
         kind=Provider.Kind.OPENAI_COMPATIBLE,
@@ -53,11 +55,20 @@ def remote_route(*, window: int = 4096, cooling_for_s: float | None = None) -> R
 
 
 @pytest.fixture
-def submitted(monkeypatch):
-    """Generations are planned, admitted and counted but not sent (no worker runs here)."""
-    plans = []
-    monkeypatch.setattr(router, "submit", lambda plan, **request: plans.append((plan, request)))
-    return plans
+def submitted():
+    """``submitted()``: the request ids of the generations sent, read back from the ``remote``
+    queue in Redis. Submission is the real one (admission, the queue bound, the Celery
+    message); no worker consumes the queue here, and the messages are removed afterwards."""
+    client = redis_client()
+    lists = backpressure.queue_lists("remote")
+    assert backpressure.queue_depth("remote") == 0
+
+    def request_ids() -> list[str]:
+        messages = [json.loads(raw) for name in lists for raw in client.lrange(name, 0, -1)]
+        return [json.loads(base64.b64decode(message["body"]))[0][0] for message in messages]
+
+    yield request_ids
+    client.delete(*lists)
 
 
 @pytest.fixture
@@ -101,7 +112,7 @@ def test_wait_returns_200_once_finished_and_202_with_the_state_on_timeout(admin_
     pending = admin_client.post("/api/v1/answers?wait=1", {"question": QUESTION}, format="json")
     assert 1 <= time.monotonic() - started < 5
     assert (pending.status_code, pending.json()["status"], pending.json()["mode"]) == (202, "generating", "generated")
-    assert len(submitted) == 1
+    assert submitted() == [str(pending.json()["id"])]
 
 
 @pytest.mark.parametrize(
@@ -163,7 +174,7 @@ def test_a_key_over_its_requests_per_minute_is_429_with_retry_after(make_key, cl
     error = refused.json()["error"]
     assert error["code"] == "rate_limited" and "allows 1 requests per minute" in error["message"]
     assert 1 <= int(refused["Retry-After"]) <= 60
-    assert len(submitted) == 1  # the refused request sent nothing
+    assert len(submitted()) == 1  # the refused request sent nothing
     assert list(Answer.objects.order_by("created_at").values_list("status", flat=True)) == ["generating", "failed"]
     # The DRF throttle does not count answers: the key can still read.
     assert client.get("/api/v1/usage").status_code == 200
@@ -182,7 +193,7 @@ def test_a_key_whose_budget_is_spent_is_402(make_key, client_for, corpus, submit
     error = response.json()["error"]
     assert error["code"] == "budget_exhausted" and "is spent" in error["message"]
     assert "Retry-After" not in response
-    assert submitted == []
+    assert submitted() == []
 
 
 # --------------------------------------------------------------------------- the event stream, in-process
