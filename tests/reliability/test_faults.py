@@ -38,6 +38,7 @@ from search.services import collection_create, document_create, workspace_create
 from tests.inference.routing_helpers import key_make, provider_make
 from tests.inference.tiny_models import tiny_model_save
 from tests.reliability.conftest import wait_for
+from tests.search.api.conftest import DOCUMENTS
 from tests.search.files import ingest_texts
 from tests.search.test_ingest_worker import long_text
 from tests.upstream_server import upstream_log, upstream_script
@@ -108,13 +109,6 @@ def test_an_ingest_worker_killed_whole_mid_document_completes_it_once_after_a_re
 
 
 # --------------------------------------------------------------------------- gpu worker killed whole mid-answer
-
-DOCUMENTS = {
-    "wing.md": "# Wing aerodynamics\n\nLift rises with the angle of attack until the wing stalls. "
-    "The propeller slipstream increases the lift of the wing.",
-    "robot.md": "# Atlas-7 robot\n\nThe Atlas-7 warehouse robot runs for 10 hours on one battery charge. "
-    "Charging takes 90 minutes.",
-}
 
 
 @pytest.fixture

@@ -46,6 +46,12 @@ def make_pdf(pages: list[list[str]], *, title: str | None = None) -> bytes:
         objects.append(f"<< /Title {_pdf_string(title)} >>".encode())
         info = f" /Info {len(objects)} 0 R"
 
+    return pdf_serialize(objects, trailer=info)
+
+
+def pdf_serialize(objects: list[bytes], trailer: str = "") -> bytes:
+    """A PDF file of ``objects`` (object 1 the catalog), with its cross-reference table;
+    ``trailer``: more trailer entries (`` /Info 9 0 R``)."""
     out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
     offsets = []
     for number, body in enumerate(objects, start=1):
@@ -54,7 +60,7 @@ def make_pdf(pages: list[list[str]], *, title: str | None = None) -> bytes:
     xref_offset = len(out)
     out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
     out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R{info} >>\nstartxref\n{xref_offset}\n%%EOF\n".encode()
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R{trailer} >>\nstartxref\n{xref_offset}\n%%EOF\n".encode()
     return bytes(out)
 
 

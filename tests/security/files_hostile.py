@@ -11,7 +11,7 @@ import struct
 import zipfile
 import zlib
 
-from tests.search.files import encrypt_pdf, make_docx, make_pdf
+from tests.search.files import encrypt_pdf, make_docx, make_pdf, pdf_serialize
 
 __all__ = [
     "deflate_repeated",
@@ -76,16 +76,7 @@ def pdf_with_streams(streams: list[bytes], *, text: str = "Visible text on the f
         pages.append(len(objects))
     objects[0] = b"<< /Type /Catalog /Pages 2 0 R >>"
     objects[1] = f"<< /Type /Pages /Kids [{' '.join(f'{n} 0 R' for n in pages)}] /Count {len(pages)} >>".encode()
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
-    return bytes(out)
+    return pdf_serialize(objects)
 
 
 def _zip_archive(members: list[tuple[str, int, bytes, int, int]]) -> bytes:
