@@ -33,9 +33,9 @@ RUN python -m venv "$VIRTUAL_ENV" \
 WORKDIR /app
 COPY . /app
 # Named volumes mounted on these folders start out with the image's ownership, so the
-# app user can write uploads (media/) and the beat schedule (beat/).
+# app user can write uploads (media/), the beat schedule (beat/) and the processes' metrics (metrics/).
 RUN python -m compileall -q /app \
- && mkdir -p /app/var/static /app/var/media /app/var/beat \
+ && mkdir -p /app/var/static /app/var/media /app/var/beat /app/var/metrics \
  && chown -R app:app /app/var
 
 USER app

@@ -46,6 +46,7 @@ from django.db import DataError, IntegrityError, connection
 from billing.models import UsageRecord
 from billing.pricing import PRICE_LATERAL
 from inference.streams import redis_client, resp_command
+from ragsite.logs import current_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +89,11 @@ def embedding_row(
     error_class: str = "",
 ) -> dict:
     """The ledger row of one embedding call (``kind`` embedding; its tokens are prompt
-    tokens), priced like any row by its model when stored."""
+    tokens), priced like any row by its model when stored; ``trace_id`` is the request id
+    current when it is built (the upload's or the API call's, ragsite/logs.py)."""
     return {
         "request_id": uuid.uuid4().hex,
+        "trace_id": current_request_id() or "",
         "created_at": datetime.now(tz=UTC).isoformat(),
         "kind": UsageRecord.Kind.EMBEDDING.value,
         "workspace_id": workspace_id,
@@ -151,6 +154,8 @@ def _insert_sql() -> str:
         "cost_usd": "COALESCE(r.cost_usd, (r.prompt_tokens * price.input_usd_per_million "
         "+ r.completion_tokens * price.output_usd_per_million) / 1000000)",
         "price_id": "CASE WHEN r.cost_usd IS NULL THEN price.id ELSE r.price_id END",
+        # Rows queued without one (before the column existed) have no request id to store.
+        "trace_id": "COALESCE(r.trace_id, '')",
     }
     names = ", ".join(connection.ops.quote_name(column) for column in columns)
     values = ", ".join(computed.get(column, f"r.{connection.ops.quote_name(column)}") for column in columns)

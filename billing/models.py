@@ -137,6 +137,8 @@ class UsageRecord(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     request_id = models.UUIDField(default=uuid.uuid4, unique=True)
+    # The X-Request-ID of the web request that caused it (ragsite/logs.py), to find its log lines.
+    trace_id = models.CharField(max_length=64, blank=True, db_index=True)
     created_at = models.DateTimeField(default=timezone.now)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.GENERATION)
     # Who: references are kept loose (SET_NULL) so deleting a workspace or user never deletes

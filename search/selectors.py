@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection, transaction
 
+from ragsite import metrics
 from search.embedders import query_embedding
 from search.models import Collection, Workspace
 from search.query_syntax import query_parse
@@ -66,6 +67,7 @@ def _collections_for(workspace: Workspace | None, collection_ids: list[int] | No
     return collections
 
 
+@metrics.search_timed  # ragsite_search_duration_seconds{mode}
 def chunk_search(
     *,
     query: str,

@@ -64,6 +64,7 @@ class GenerationStats:
     completion_tokens: int = 0
     draft_tokens_proposed: int = 0
     draft_tokens_accepted: int = 0
+    drafts: int = 0  # rounds that proposed tokens (vLLM's num_drafts); not in as_dict()
     target_passes: int = 0
     draft_passes: int = 0
     # Accepted proposals by position in the proposal (vLLM's "accepted tokens per position").
@@ -265,6 +266,7 @@ def generate(
                 next_token = sample(temperature_probs(logits[len(proposal)]), generator)
         stats.draft_tokens_proposed += len(proposal)
         stats.draft_tokens_accepted += accepted
+        stats.drafts += 1 if proposal else 0
         if spec.adaptive_k and proposal:
             k = min(16, k + 1) if accepted == len(proposal) else max(1, k - 1)
             if len(stats.accepted_per_position) < k:

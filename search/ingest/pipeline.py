@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 
+from ragsite import metrics
 from search.embedders import Embedder, EmbedderError, embedder_get
 from search.ingest.chunking import TextChunk, chunk_text
 from search.ingest.parsers import ParsedDocument, ParseError, parse_document
@@ -51,6 +52,7 @@ def _set_status(document: Document, status: str, **fields) -> None:
 def document_fail(document: Document, reason: str) -> None:
     _set_status(document, Document.Status.FAILED, error=reason[:2000], chunks_embedded=0)
     logger.info("document %s failed: %s", document.pk, reason)
+    metrics.ingest_ended(failed=1)
 
 
 @dataclass
@@ -478,6 +480,7 @@ def _chunks_write(items: list[_Prepared]) -> set[int]:
         sum(len(item.chunks) for item in items),
         (time.perf_counter() - started) * 1000,
     )
+    metrics.ingest_ended(indexed=len(items), chunks=sum(len(item.chunks) for item in items))
     return {item.document.pk for item in items}
 
 

@@ -76,6 +76,7 @@ class Command(BaseCommand):
         if not options["no_demo"]:
             call_command("seed_demo")
 
+        self._metrics_dir = self._fresh_metrics_dir()
         children = self._children(host, port, options)
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._request_stop)
@@ -191,7 +192,19 @@ class Command(BaseCommand):
         env["DATABASE_URL"] = settings.DATABASE_URL
         env["REDIS_URL"] = settings.REDIS_URL
         env["PYTHONUNBUFFERED"] = "1"
+        # Prometheus multiprocess mode: every child writes its metrics there (ragsite/metrics.py).
+        env["PROMETHEUS_MULTIPROC_DIR"] = self._metrics_dir
         return env
+
+    def _fresh_metrics_dir(self) -> str:
+        """PROMETHEUS_MULTIPROC_DIR (default ``var/prometheus``) with the previous run's files
+        removed: counters start at zero with the processes, as Prometheus expects."""
+        path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or str(embedded.var_dir() / "prometheus")
+        os.makedirs(path, exist_ok=True)
+        for name in os.listdir(path):
+            if name.endswith(".db"):
+                os.remove(os.path.join(path, name))
+        return path
 
     def _start(self, child: Child) -> None:
         # A new session: Ctrl-C reaches only this supervisor, which then stops children in order.

@@ -1,0 +1,594 @@
+"""Prometheus metrics: every definition, the ``/metrics`` view and the scrape-time collectors.
+
+Multiprocess mode. Web processes and Celery workers (and their pool processes) each write
+their counters and histograms to files in ``PROMETHEUS_MULTIPROC_DIR``; a scrape of any web
+process sums them all (``prometheus_client.multiprocess``). The variable must be set before
+``prometheus_client`` is imported, in every process: ``manage.py up`` sets it for its
+children (``var/prometheus``, emptied at start), docker-compose mounts one volume at the same
+path in web and every worker, the tests set it in ``tests/embedded_services.py``. Unset (a
+one-off ``manage.py`` command), metrics are kept in this process only, and still served.
+Files are named after ``<host>-<pid>``, so containers sharing the volume never write one file.
+
+Gauges are never kept in files: they are computed when scraped, from PostgreSQL (documents,
+upstream keys, canary releases, costs, budgets) and Redis (queue lengths), plus a broadcast
+``inspect`` for the workers per queue (cached ``WORKERS_CACHE_S``). Each family is one
+query; one that fails (database or Redis down) is left out of that scrape with a warning,
+and the scrape still answers 200.
+
+``/metrics`` needs ``Authorization: Bearer <METRICS_TOKEN>`` whenever the token is set; with
+it unset it is open in development and a 404 in production, so it is never public by
+accident. It is exempt from the in-flight limit (``ragsite.overload``) and the HTTPS redirect.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hmac
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def _multiprocess_dir() -> str | None:
+    """The multiprocess folder, created if missing; None (in-process metrics) when it is
+    unset or cannot be written (logged: better no shared metrics than a process that fails)."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        return None
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        if os.access(path, os.W_OK | os.X_OK):
+            return path
+    except OSError:
+        pass
+    logger.warning("PROMETHEUS_MULTIPROC_DIR=%s is not writable: metrics are kept in this process only", path)
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    os.environ.pop("prometheus_multiproc_dir", None)
+    return None
+
+
+MULTIPROC_DIR = _multiprocess_dir()
+
+# Imported only now: prometheus_client reads PROMETHEUS_MULTIPROC_DIR when it is imported.
+from prometheus_client import (  # noqa: E402
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    multiprocess,
+    values,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: E402
+
+# No ``*_created`` series: multiprocess mode has none, and one process alone should look alike.
+disable_created_metrics()
+
+_HOST = socket.gethostname().replace("_", "-").replace("/", "-") or "host"
+
+
+def process_identifier() -> str:
+    """``<host>-<pid>``: processes of different containers on one volume may share a pid."""
+    return f"{_HOST}-{os.getpid()}"
+
+
+if MULTIPROC_DIR:
+    values.ValueClass = values.MultiProcessValue(process_identifier=process_identifier)
+
+
+# --------------------------------------------------------------------------- definitions
+
+HTTP_REQUESTS = Counter(
+    "ragsite_http_requests_total", "HTTP requests by URL pattern, method and status.", ["route", "method", "status"]
+)
+HTTP_DURATION = Histogram(
+    "ragsite_http_request_duration_seconds",
+    "Time until the response (its first byte for a stream), by URL pattern and method.",
+    ["route", "method"],
+)
+SEARCH_DURATION = Histogram(
+    "ragsite_search_duration_seconds",
+    "search.selectors.chunk_search, by mode.",
+    ["mode"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+QUERY_EMBEDDING_CACHE = Counter(
+    "ragsite_query_embedding_cache", "Query embeddings from the Redis cache (hit) or the model (miss).", ["result"]
+)
+INGEST_DOCUMENTS = Counter(
+    "ragsite_ingest_documents", "Documents whose ingestion ended, by outcome (indexed, failed).", ["status"]
+)
+INGEST_CHUNKS = Counter("ragsite_ingest_chunks", "Chunks written by ingestion.")
+GENERATION_TTFT = Histogram(
+    "ragsite_generation_time_to_first_token_seconds",
+    "From a generation's first attempt to its first token (retries included), by route and arm.",
+    ["route", "arm"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0),
+)
+GENERATION_DURATION = Histogram(
+    "ragsite_generation_duration_seconds",
+    "From a generation's first attempt to its end, by route and arm.",
+    ["route", "arm"],
+    buckets=(0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0),
+)
+GENERATION_TOKENS = Counter(
+    "ragsite_generation_tokens", "Tokens of generations, by route, arm and kind (prompt, completion).",
+    ["route", "arm", "kind"],
+)  # fmt: skip
+GENERATIONS = Counter(
+    "ragsite_generations", "Generations ended, by route, arm and status (ok, error).", ["route", "arm", "status"]
+)
+# Speculative decoding, named as vLLM v1 names them so that its dashboards carry over.
+SPEC_DRAFTS = Counter("vllm:spec_decode_num_drafts", "Draft proposals of the local engine.", ["model_name"])
+SPEC_DRAFT_TOKENS = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", ["model_name"])
+SPEC_ACCEPTED_TOKENS = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", ["model_name"])
+SPEC_ACCEPTED_PER_POS = Counter(
+    "vllm:spec_decode_num_accepted_tokens_per_pos",
+    "Draft tokens accepted, by position in the proposal (0 first).",
+    ["model_name", "position"],
+)
+ROUTER_RETRIES = Counter(
+    "ragsite_router_retries", "Attempts after a failed one, by the route of the failed attempt.", ["route"]
+)
+ROUTER_FAILOVERS = Counter(
+    "ragsite_router_failovers", "Moves to another route after a failed attempt, by the route left.", ["route"]
+)
+
+# Series that exist from the start, at 0, so that rates and dashboards see them before the first event.
+for _status in ("indexed", "failed"):
+    INGEST_DOCUMENTS.labels(_status)
+for _result in ("hit", "miss"):
+    QUERY_EMBEDDING_CACHE.labels(_result)
+
+# --------------------------------------------------------------------------- recording
+
+
+def _safely(record):
+    """Recording a metric must never fail the work it measures."""
+
+    def wrapper(*args, **kwargs):
+        try:
+            record(*args, **kwargs)
+        except Exception:
+            logger.warning("metric %s not recorded", record.__name__, exc_info=True)
+
+    wrapper.__name__ = record.__name__
+    wrapper.__doc__ = record.__doc__
+    return wrapper
+
+
+@_safely
+def generation_observed(row: dict) -> None:
+    """A generation ended, as its ledger row says (``inference.execution.ledger_row``)."""
+    route, arm = row.get("route_name") or "", row.get("arm") or "none"
+    GENERATIONS.labels(route, arm, row.get("status") or "error").inc()
+    GENERATION_DURATION.labels(route, arm).observe(max(0.0, float(row.get("latency_ms") or 0.0)) / 1000)
+    if row.get("ttft_ms") is not None:
+        GENERATION_TTFT.labels(route, arm).observe(max(0.0, float(row["ttft_ms"])) / 1000)
+    GENERATION_TOKENS.labels(route, arm, "prompt").inc(int(row.get("prompt_tokens") or 0))
+    GENERATION_TOKENS.labels(route, arm, "completion").inc(int(row.get("completion_tokens") or 0))
+
+
+@_safely
+def speculative_observed(model_name: str, stats) -> None:
+    """The local engine's ``GenerationStats`` of one finished generation."""
+    if not stats.draft_tokens_proposed and not stats.drafts:
+        return
+    SPEC_DRAFTS.labels(model_name).inc(stats.drafts)
+    SPEC_DRAFT_TOKENS.labels(model_name).inc(stats.draft_tokens_proposed)
+    SPEC_ACCEPTED_TOKENS.labels(model_name).inc(stats.draft_tokens_accepted)
+    for position, accepted in enumerate(stats.accepted_per_position):
+        SPEC_ACCEPTED_PER_POS.labels(model_name, str(position)).inc(accepted)
+
+
+@_safely
+def router_moved(from_route: str, *, failover: bool) -> None:
+    """A new attempt after a failed one on ``from_route``; ``failover`` when on another route."""
+    ROUTER_RETRIES.labels(from_route).inc()
+    if failover:
+        ROUTER_FAILOVERS.labels(from_route).inc()
+
+
+@_safely
+def ingest_ended(*, indexed: int = 0, failed: int = 0, chunks: int = 0) -> None:
+    if indexed:
+        INGEST_DOCUMENTS.labels("indexed").inc(indexed)
+    if failed:
+        INGEST_DOCUMENTS.labels("failed").inc(failed)
+    if chunks:
+        INGEST_CHUNKS.inc(chunks)
+
+
+@_safely
+def query_embedding_cache(hit: bool) -> None:
+    QUERY_EMBEDDING_CACHE.labels("hit" if hit else "miss").inc()
+
+
+def search_timed(search):
+    """Decorator of ``search.selectors.chunk_search``: its duration by mode (searches that ran)."""
+    import functools
+
+    @functools.wraps(search)
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        result = search(*args, **kwargs)
+        try:
+            SEARCH_DURATION.labels(result.mode).observe(time.perf_counter() - started)
+        except Exception:
+            logger.warning("search duration not recorded", exc_info=True)
+        return result
+
+    return timed
+
+
+# --------------------------------------------------------------------------- HTTP middleware
+
+
+class HttpMetricsMiddleware:
+    """Counts and times every request by URL pattern (``resolver_match.route``, or
+    ``unmatched``), never by raw path: one series per pattern whatever the ids in URLs.
+    First in ``MIDDLEWARE``, so that refusals of the in-flight limit are counted too."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response):
+        from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if self.is_async:
+            return self._acall(request)
+        started = time.perf_counter()
+        response = self.get_response(request)
+        self.observe(request, response, started)
+        return response
+
+    async def _acall(self, request):
+        started = time.perf_counter()
+        response = await self.get_response(request)
+        self.observe(request, response, started)
+        return response
+
+    @staticmethod
+    def observe(request, response, started: float) -> None:
+        try:
+            match = getattr(request, "resolver_match", None)
+            route = (match.route or match.view_name or "unmatched") if match is not None else "unmatched"
+            method = request.method if request.method in _METHODS else "other"
+            HTTP_REQUESTS.labels(route, method, str(response.status_code)).inc()
+            HTTP_DURATION.labels(route, method).observe(time.perf_counter() - started)
+        except Exception:
+            logger.warning("HTTP metrics not recorded", exc_info=True)
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+# --------------------------------------------------------------------------- scrape-time collectors
+
+# How long the workers per queue (a broadcast inspect) are reused between scrapes, and how
+# long the broadcast waits for replies.
+WORKERS_CACHE_S = 15.0
+WORKERS_INSPECT_TIMEOUT_S = 0.5
+_workers_cache: dict = {"at": None, "value": None}
+_workers_lock = threading.Lock()
+
+
+class ScrapeCollector:
+    """The gauges computed at scrape time; each family is one query (or one Redis round trip)."""
+
+    def describe(self):
+        return []  # registering must not run the queries
+
+    def collect(self):
+        down: set[str] = set()
+        for source, family in (
+            ("db", self.documents),
+            ("db", self.upstream_keys),
+            ("db", self.canary),
+            ("db", self.costs),
+            ("db", self.budgets),
+            ("redis", self.queue_lengths),
+            ("broker", self.workers),
+        ):
+            if source in down:
+                continue
+            try:
+                yield from list(family())
+            except Exception as exc:
+                logger.warning("metrics: %s skipped in this scrape (%s: %s)", family.__name__, type(exc).__name__, exc)
+                if _is_outage(exc):
+                    down.add(source)
+
+    # ------------------------------------------------------------------ PostgreSQL
+
+    @staticmethod
+    def _rows(sql: str, params=None) -> list[tuple]:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params or [])
+            return cursor.fetchall()
+
+    def documents(self):
+        from search.models import Document
+
+        family = GaugeMetricFamily("ragsite_documents", "Documents by status.", labels=["status"])
+        counts = dict.fromkeys(Document.Status.values, 0)
+        for status, count in self._rows("SELECT status, count(*) FROM search_document GROUP BY status"):
+            counts[status] = count
+        for status, count in sorted(counts.items()):
+            family.add_metric([status], count)
+        yield family
+
+    def upstream_keys(self):
+        family = GaugeMetricFamily(
+            "ragsite_upstream_keys",
+            "Upstream keys by provider and state (cooling_down only while its cooldown lasts).",
+            labels=["provider", "state"],
+        )
+        rows = self._rows(
+            """
+            SELECT p.name,
+                   CASE WHEN k.status = 'cooling_down' AND (k.cooldown_until IS NULL OR k.cooldown_until <= now())
+                        THEN 'active' ELSE k.status END,
+                   count(*)
+            FROM inference_upstreamkey k JOIN inference_provider p ON p.id = k.provider_id
+            GROUP BY 1, 2
+            """
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for provider in {row[0] for row in rows}:
+            for state in ("active", "cooling_down", "disabled"):
+                counts[(provider, state)] = 0
+        for provider, state, count in rows:
+            counts[(provider, state)] = count
+        for labels, count in sorted(counts.items()):
+            family.add_metric(list(labels), count)
+        yield family
+
+    # Ended releases stay in the canary families this long after their last change.
+    CANARY_ENDED_KEPT_DAYS = 30
+
+    def canary(self):
+        from inference.models import CanaryRelease
+
+        percent = GaugeMetricFamily(
+            "ragsite_canary_percent", "Share of clients on the canary (live releases).", labels=["release", "route"]
+        )
+        state = GaugeMetricFamily(
+            "ragsite_canary_state", "1 for a release's current state, 0 for the others.", labels=["release", "state"]
+        )
+        rollbacks = CounterMetricFamily(
+            "ragsite_canary_rollbacks", "Rollbacks of each release (its canary events).", labels=["release"]
+        )
+        rows = self._rows(
+            """
+            SELECT r.id, r.name, r.state, r.percent, c.name,
+                   (SELECT count(*) FROM inference_canaryevent e WHERE e.release_id = r.id AND e.action = 'rolled_back')
+            FROM inference_canaryrelease r JOIN inference_route c ON c.id = r.canary_route_id
+            WHERE r.state IN ('running', 'paused') OR r.updated_at > now() - make_interval(days => %s)
+            ORDER BY r.id
+            """,
+            [self.CANARY_ENDED_KEPT_DAYS],
+        )
+        names = [row[1] for row in rows]
+        for release_id, name, current, share, canary_route, rolled_back in rows:
+            release = name if names.count(name) == 1 else f"{name}#{release_id}"
+            if current in CanaryRelease.LIVE_STATES:
+                percent.add_metric([release, canary_route], float(share))
+            for value in CanaryRelease.State.values:
+                state.add_metric([release, value], 1.0 if value == current else 0.0)
+            rollbacks.add_metric([release], rolled_back)
+        yield from (percent, state, rollbacks)
+
+    def costs(self):
+        family = GaugeMetricFamily(
+            "ragsite_cost_usd", "Cost in USD by model, this month and the last (UTC).", labels=["model", "month"]
+        )
+        rows = self._rows(
+            """
+            SELECT model, to_char(day, 'YYYY-MM'), sum(cost_usd) FROM billing_usagedaily
+            WHERE day >= (date_trunc('month', now() AT TIME ZONE 'UTC') - interval '1 month')::date
+            GROUP BY 1, 2 ORDER BY 1, 2
+            """
+        )
+        for model, month, cost in rows:
+            family.add_metric([model, month], float(cost))
+        yield family
+
+    def budgets(self):
+        family = GaugeMetricFamily(
+            "ragsite_client_key_budget_used_ratio",
+            "This month's spend over the monthly budget of client keys that have one (key: its prefix).",
+            labels=["key"],
+        )
+        rows = self._rows(
+            """
+            SELECT k.prefix, k.monthly_budget_usd, coalesce(sum(d.cost_usd), 0)
+            FROM billing_clientkey k
+            LEFT JOIN billing_usagedaily d ON d.client_key_id = k.id
+                 AND d.day >= date_trunc('month', now() AT TIME ZONE 'UTC')::date
+            WHERE k.monthly_budget_usd IS NOT NULL AND k.revoked_at IS NULL
+            GROUP BY k.id ORDER BY k.prefix
+            """
+        )
+        for prefix, budget, spent in rows:
+            family.add_metric([prefix], float(spent) / float(budget) if budget else 0.0)
+        yield family
+
+    # ------------------------------------------------------------------ Redis and the workers
+
+    def queue_lengths(self):
+        from inference.backpressure import queue_lists
+        from ragsite.celery import Queue
+        from ragsite.health import redis_client
+
+        family = GaugeMetricFamily(
+            "ragsite_celery_queue_length", "Messages waiting in each Celery queue (all priorities).", labels=["queue"]
+        )
+        pipe = redis_client().pipeline(transaction=False)
+        queues = [queue.value for queue in Queue]
+        for queue in queues:
+            for name in queue_lists(queue):
+                pipe.llen(name)
+        lengths = pipe.execute()
+        steps = len(lengths) // len(queues)
+        for index, queue in enumerate(queues):
+            family.add_metric([queue], sum(lengths[index * steps : (index + 1) * steps]))
+        yield family
+
+    def workers(self):
+        family = GaugeMetricFamily(
+            "ragsite_celery_workers", "Live workers consuming each queue (cached briefly).", labels=["queue"]
+        )
+        for queue, count in sorted(workers_per_queue().items()):
+            family.add_metric([queue], count)
+        yield family
+
+
+def workers_per_queue() -> dict[str, int]:
+    """Workers per queue from a broadcast ``active_queues``, reused for ``WORKERS_CACHE_S``
+    (a failure too, so that scrapes during a broker outage stay cheap)."""
+    from ragsite.celery import Queue, app
+
+    with _workers_lock:
+        at = _workers_cache["at"]
+        if at is not None and time.monotonic() - at < WORKERS_CACHE_S:
+            value = _workers_cache["value"]
+            if isinstance(value, Exception):
+                raise value
+            return value
+        try:
+            replies = app.control.inspect(timeout=WORKERS_INSPECT_TIMEOUT_S).active_queues() or {}
+            value = dict.fromkeys((queue.value for queue in Queue), 0)
+            for queues in replies.values():
+                for name in {queue.get("name") for queue in queues or []}:
+                    if name in value:
+                        value[name] += 1
+        except Exception as exc:
+            value = exc
+        _workers_cache.update(at=time.monotonic(), value=value)
+    if isinstance(value, Exception):
+        raise value
+    return value
+
+
+def _is_outage(exc: Exception) -> bool:
+    import redis
+    from django.db import InterfaceError, OperationalError
+    from kombu.exceptions import OperationalError as BrokerError
+
+    return isinstance(exc, OperationalError | InterfaceError | redis.ConnectionError | redis.TimeoutError | BrokerError)
+
+
+# --------------------------------------------------------------------------- exposition
+
+
+_DEFINED = (
+    HTTP_REQUESTS, HTTP_DURATION, SEARCH_DURATION, QUERY_EMBEDDING_CACHE, INGEST_DOCUMENTS, INGEST_CHUNKS,
+    GENERATION_TTFT, GENERATION_DURATION, GENERATION_TOKENS, GENERATIONS, SPEC_DRAFTS, SPEC_DRAFT_TOKENS,
+    SPEC_ACCEPTED_TOKENS, SPEC_ACCEPTED_PER_POS, ROUTER_RETRIES, ROUTER_FAILOVERS,
+)  # fmt: skip
+
+
+class _AllProcesses:
+    """Every process's counters and histograms from the multiprocess folder, and the HELP and
+    TYPE of each family defined here that no process has recorded yet: the folder holds only
+    what was recorded, and dashboards and alerts should find every name from the first scrape."""
+
+    def __init__(self):
+        self.files = multiprocess.MultiProcessCollector(None, MULTIPROC_DIR)
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        seen = set()
+        for family in self.files.collect():
+            seen.add(family.name)
+            yield family
+        for metric in _DEFINED:
+            for family in metric.describe():
+                if family.name not in seen:
+                    yield family
+
+
+class _ThisProcess:
+    """The metrics of this process alone (no multiprocess folder)."""
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        yield from REGISTRY.collect()
+
+
+def registry() -> CollectorRegistry:
+    """A registry of one scrape: every process's counters and histograms, and the gauges now."""
+    scrape = CollectorRegistry(auto_describe=False)
+    if MULTIPROC_DIR:
+        scrape.register(_AllProcesses())
+    else:
+        scrape.register(_ThisProcess())
+    scrape.register(ScrapeCollector())
+    return scrape
+
+
+def authorized(request) -> bool | None:
+    """True: serve; False: 401 (a token is set and the request lacks it); None: 404."""
+    from django.conf import settings
+
+    token = settings.METRICS_TOKEN
+    if not token:
+        return None if settings.PRODUCTION else True
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+def metrics_view(request):
+    from django.http import Http404, HttpResponse
+
+    allowed = authorized(request)
+    if allowed is None:
+        raise Http404
+    if not allowed:
+        response = HttpResponse("a bearer token (METRICS_TOKEN) is required\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
+    response = HttpResponse(generate_latest(registry()), content_type=CONTENT_TYPE_LATEST)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+# --------------------------------------------------------------------------- dead processes
+
+
+def process_exited(pid: str | None = None) -> None:
+    """Drop this process's live gauges from the folder (counters and histograms stay, so
+    that totals never go down). Celery pool processes call it on exit (worker_process_shutdown);
+    every other process at interpreter exit."""
+    if MULTIPROC_DIR:
+        try:
+            multiprocess.mark_process_dead(pid or process_identifier(), MULTIPROC_DIR)
+        except Exception:
+            logger.warning("metrics: could not mark process %s dead", pid, exc_info=True)
+
+
+if MULTIPROC_DIR:
+    atexit.register(process_exited)
