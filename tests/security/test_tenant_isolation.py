@@ -173,6 +173,18 @@ def public(method: str, path: str, *statuses: int) -> Probe:
     return probe
 
 
+def metrics_operators_only(c: Caller, route: str) -> None:
+    """The operators' scrape endpoint sums every tenant: in production no tenant reads it, not
+    with a session, nor with a client key in place of the metrics token."""
+    from django.test import override_settings
+
+    with override_settings(PRODUCTION=True, METRICS_TOKEN=""):
+        assert c.call(c.member, "GET", "/metrics").status_code == 404
+    with override_settings(PRODUCTION=True, METRICS_TOKEN="operators-only-token"):
+        assert c.call(c.member, "GET", "/metrics").status_code == 401
+        assert c.call(c.key, "GET", "/metrics").status_code == 401
+
+
 def api_collections(c: Caller, route: str) -> None:
     listed = c.call(c.key, "GET", "/api/v1/collections").json()
     assert [item["id"] for item in listed["results"]] == [c.a.collection.pk] and listed["count"] == 1
@@ -374,6 +386,7 @@ ROUTES: dict[str, Probe] = {
     "healthz": public("GET", "/healthz", 200),
     "readyz": public("GET", "/readyz", 200, 503),
     "favicon.ico": public("GET", "/favicon.ico", 301),
+    "metrics": metrics_operators_only,
     # REST API v1: A's client key.
     "api/v1/collections": api_collections,
     "api/v1/collections/<int:collection_id>": api_not_found("GET"),
