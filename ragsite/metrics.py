@@ -432,10 +432,18 @@ class ScrapeCollector:
     # ------------------------------------------------------------------ Redis and the workers
 
     def queue_lengths(self):
+        from django.conf import settings
+
         from inference.backpressure import queue_lists
         from ragsite.celery import Queue
         from ragsite.health import redis_client
 
+        # A setting, so it needs no Redis: the alert on queues near their bound divides by it.
+        yield GaugeMetricFamily(
+            "ragsite_generation_queue_max",
+            "GENERATION_QUEUE_MAX: generations a gpu or remote queue may hold before new ones get 503 (0: no bound).",
+            value=settings.GENERATION_QUEUE_MAX,
+        )
         family = GaugeMetricFamily(
             "ragsite_celery_queue_length", "Messages waiting in each Celery queue (all priorities).", labels=["queue"]
         )

@@ -50,6 +50,7 @@ CATALOGUE = HISTOGRAMS | {
     "ragsite_cost_usd",
     "ragsite_client_key_budget_used_ratio",
     "ragsite_celery_queue_length",
+    "ragsite_generation_queue_max",
     "ragsite_celery_workers",
 }
 PROMETHEUS_OWN = {"up"}
