@@ -589,8 +589,9 @@ def ledger_row(request_id: str, payload: dict, outcome: Outcome) -> dict:
         prompt_tokens = estimate_prompt_tokens(payload.get("messages") or [])
     return {
         "request_id": request_id,
-        # The web request's X-Request-ID, current in the task that runs this (ragsite/logs.py).
-        "trace_id": current_request_id() or "",
+        # The web request's X-Request-ID (ragsite/logs.py): from the payload (a dead worker's parent
+        # runs no task of this request), else current in the task that runs this.
+        "trace_id": payload.get("trace_id") or current_request_id() or "",
         "created_at": datetime.fromtimestamp(now, tz=UTC).isoformat(),
         "kind": UsageRecord.Kind.GENERATION.value,
         "workspace_id": payload.get("workspace_id"),

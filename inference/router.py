@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from inference.models import CanaryRelease, Provider, Route
 from inference.rows import Rows, fetch_one
 from ragsite.celery import Queue
+from ragsite.logs import current_request_id
 
 
 class NoRouteConfigured(Exception):
@@ -244,6 +245,9 @@ def payload_for(
         # The client key's admission (billing.limits.Admission.as_json), settled with the ledger row.
         "admission": admission,
         "speculative": speculative,
+        # The web request's X-Request-ID (ragsite/logs.py): the ledger row keeps it even when the
+        # row is written by a dead worker's parent, which runs no task of this request.
+        "trace_id": current_request_id(),
     }
 
 

@@ -99,3 +99,24 @@ def test_the_filter_masks_secrets_and_adds_the_request_id():
     assert ContextFilter().filter(bare)
     line = json.loads(JsonFormatter().format(bare))
     assert line["message"] == "client key rk_AbCdEfGh_***" and "request_id" not in line
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_written_by_a_dead_workers_parent_keeps_the_request_id(upstream_server):
+    from inference import router
+    from inference.execution import lost_generation_end
+
+    provider = provider_make(upstream_server)
+    key_make(provider)
+    route = route_make(provider)
+    token = request_id_var.set("trace-from-the-web-0123")
+    try:  # the web request plans and sends the generation
+        plan = router.plan(route_name=route.name)
+        payload = router.payload_for(plan, messages=[{"role": "user", "content": "Hello"}])
+    finally:
+        request_id_var.reset(token)
+    # The pool process died; its parent (no request id of its own) ends the stream and queues the row.
+    assert lost_generation_end(plan.request_id, payload, "the worker process running this request died")
+    ledger.drain()
+    row = UsageRecord.objects.get(request_id=plan.request_id)
+    assert (row.status, row.trace_id) == ("error", "trace-from-the-web-0123")
