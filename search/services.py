@@ -71,8 +71,7 @@ def source_name_clean(name: str) -> str:
     printable characters only (no control characters, no bidirectional overrides or other
     invisible formatting), at most ``SOURCE_NAME_MAX_CHARS`` with its extension kept;
     ``upload`` when nothing is left. It is never used as a path (see ``_storage_name``)."""
-    name = str(name).replace("\\", "/").rsplit("/", 1)[-1]
-    name = "".join(ch for ch in name if ch.isprintable()).strip()
+    name = _printable(str(name).replace("\\", "/").rsplit("/", 1)[-1])
     if name in ("", ".", ".."):
         return "upload"
     if len(name) > SOURCE_NAME_MAX_CHARS:
