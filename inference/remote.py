@@ -9,33 +9,20 @@ No Django import: a script or a test can call it with nothing but the ``openai``
 Request
     ``POST {base_url}/chat/completions`` with ``stream=True``,
     ``stream_options={"include_usage": True}``, ``max_tokens``, ``temperature``, ``top_p``,
-    ``stop`` and ``seed`` as given, and ``extra_body`` (fields the SDK does not know,
-    sent as top-level JSON fields): the endpoint's ``extra_body``, then the route's
-    speculative settings under ``speculative_config``, in vLLM's names:
+    ``stop`` and ``seed`` as given, and the endpoint's ``extra_body`` (fields the SDK does
+    not know, sent as top-level JSON fields). Nothing else: how an endpoint speculates is
+    fixed when its server starts (vLLM has no per-request switch), so a route's speculative
+    settings describe the endpoint and are never sent (a hosted API answers 400 to fields
+    it does not know).
 
-    ==========================  ===========================================================
-    ``speculative`` (local)     ``speculative_config`` sent
-    ==========================  ===========================================================
-    absent / ``None``           nothing added (an endpoint's own ``speculative_config``
-                                in ``extra_body`` is sent as is)
-    ``method: "off"``           nothing, and an endpoint's ``speculative_config`` is
-                                removed: off means off
-    ``method: "ngram"``         ``{"method": "ngram", "num_speculative_tokens": k,
-                                "prompt_lookup_max": ngram_max, "prompt_lookup_min":
-                                ngram_min}``
-    ``method: "draft"``         ``{"method": "draft_model", "num_speculative_tokens": k,
-                                "model": draft_model}`` (``draft_model`` required)
-    ``method: "both"``          refused (``speculative.method``): vLLM has no
-                                n-gram-then-draft proposer
-    ==========================  ===========================================================
-
-    ``k`` defaults to 4, ``ngram_max``/``ngram_min`` to 4/2 (the local engine's
-    defaults); ``adaptive_k`` is accepted and not sent (no vLLM equivalent). Where keys
-    collide, the route's settings override the endpoint's ``speculative_config``.
-    Stock vLLM configures speculation per server (``--speculative-config``) and ignores
-    unknown request fields, logging them; so the field is a declaration of what the route
-    expects, honoured by servers or gateways that read it. A hosted API such as OpenAI's
-    rejects unknown fields (400, ``bad_request``): routes to one must say ``off``.
+Speculative decoding, as the engine reports it
+    vLLM started with ``--per-request-spec-decode-metrics summary`` (and
+    ``inference.engine.server``) put ``metrics.speculative_decoding`` on the usage chunk:
+    ``num_draft_tokens``, ``num_accepted_draft_tokens``, ``num_spec_steps``,
+    ``num_spec_tokens``, ``mean_acceptance_length``, ``draft_acceptance_rate``,
+    ``acceptance_histogram``. Upstream marks the field experimental, so it is read
+    defensively (``speculative_report``): a missing, malformed or inconsistent report is
+    ``None`` (nothing reported), never zeros.
 
 Usage
     From the upstream's usage chunk when it sends one (``usage_source="upstream"``).
@@ -99,8 +86,6 @@ import openai
 from inference.engine.speculative import GenerationError, validate_sampling
 
 KINDS = ("rate_limited", "unauthorized", "bad_request", "server_error", "timeout", "connection", "broken_stream")
-SPECULATIVE_METHODS = ("off", "draft", "ngram", "both")
-SPECULATIVE_KEYS = {"method", "k", "draft_model", "ngram_max", "ngram_min", "adaptive_k"}
 # Characters per token for the prompt estimate when the upstream reports no usage.
 CHARS_PER_TOKEN = 4
 
@@ -129,7 +114,6 @@ class RemoteRequest:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
-    speculative: dict | None = None
 
 
 @dataclass
@@ -141,15 +125,22 @@ class RemoteStats:
     finish_reason: str
     usage_source: str  # "upstream" or "counted"
     model: str | None  # as the upstream reported it
+    speculative: dict | None = None  # speculative_report() of the engine's figures; None: none reported
 
     @property
     def tokens_per_s(self) -> float:
         return self.completion_tokens / (self.total_ms / 1000) if self.total_ms else 0.0
 
     def as_dict(self) -> dict:
-        """The keys of ``GenerationStats.as_dict()`` that mean the same here, plus ``usage_source``
-        and ``model``. The draft and pass counters are absent, not 0: the upstream does not
-        report them per request, and 0 would claim that nothing was accepted."""
+        """The keys of ``GenerationStats.as_dict()`` that mean the same here, plus ``usage_source``,
+        ``model`` and ``speculative`` (the engine's report, or None). The draft counters are
+        there only when the engine reported them: 0 would claim that nothing was accepted."""
+        drafts = {}
+        if self.speculative is not None:
+            drafts = {
+                "draft_tokens_proposed": self.speculative["draft_tokens_proposed"],
+                "draft_tokens_accepted": self.speculative["draft_tokens_accepted"],
+            }
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
@@ -159,6 +150,8 @@ class RemoteStats:
             "finish_reason": self.finish_reason,
             "usage_source": self.usage_source,
             "model": self.model,
+            **drafts,
+            "speculative": self.speculative,
         }
 
 
@@ -228,31 +221,7 @@ def validate(endpoint: RemoteEndpoint, request: RemoteRequest) -> None:
     if endpoint.extra_body is not None and not isinstance(endpoint.extra_body, dict):
         raise GenerationError("extra_body", "must be a JSON object")
 
-    spec = request.speculative or {}
-    if not isinstance(spec, dict):
-        raise GenerationError("speculative", f"must be an object, got {spec!r}")
-    unknown = sorted(set(spec) - SPECULATIVE_KEYS)
-    if unknown:
-        raise GenerationError(f"speculative.{unknown[0]}", f"is not a setting ({', '.join(sorted(SPECULATIVE_KEYS))})")
-    method = spec.get("method", "off")
-    if method not in SPECULATIVE_METHODS:
-        raise GenerationError("speculative.method", f"must be one of {', '.join(SPECULATIVE_METHODS)}, got {method!r}")
-    if method == "both":
-        raise GenerationError(
-            "speculative.method", "'both' has no equivalent on a vLLM-style upstream; use 'ngram' or 'draft'"
-        )
-    k = _number(spec.get("k", 4), "speculative.k", int)
-    if method == "draft" and not (isinstance(spec.get("draft_model"), str) and spec["draft_model"]):
-        raise GenerationError("speculative.draft_model", "names the draft model the upstream serves; it is required")
-    ngram_max = _number(spec.get("ngram_max", 4), "speculative.ngram_max", int)
-    ngram_min = _number(spec.get("ngram_min", 2), "speculative.ngram_min", int)
-    if not 1 <= ngram_min <= ngram_max:
-        raise GenerationError(
-            "speculative.ngram_min", f"must be between 1 and ngram_max ({ngram_max}), got {ngram_min}"
-        )
-
     validate_sampling(
-        k=k,
         temperature=_number(request.temperature, "temperature", float),
         top_p=_number(request.top_p, "top_p", float),
         max_tokens=_number(request.max_tokens, "max_tokens", int),
@@ -268,33 +237,39 @@ def validate(endpoint: RemoteEndpoint, request: RemoteRequest) -> None:
             raise GenerationError(f"messages[{index}]", "must be an object with a role and a content")
 
 
-def speculative_config(spec: dict | None) -> dict | None:
-    """vLLM's ``speculative_config`` for the route's settings (table in the module docstring)."""
-    spec = spec or {}
-    method = spec.get("method", "off")
-    k = spec.get("k", 4)
-    if method == "ngram":
-        return {
-            "method": "ngram",
-            "num_speculative_tokens": k,
-            "prompt_lookup_max": spec.get("ngram_max", 4),
-            "prompt_lookup_min": spec.get("ngram_min", 2),
-        }
-    if method == "draft":
-        return {"method": "draft_model", "num_speculative_tokens": k, "model": spec["draft_model"]}
-    return None
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def extra_body(endpoint: RemoteEndpoint, request: RemoteRequest) -> dict:
-    body = dict(endpoint.extra_body or {})
-    if request.speculative is None:
-        return body
-    config = speculative_config(request.speculative)
-    if config is None:
-        body.pop("speculative_config", None)
-    else:
-        body["speculative_config"] = {**(body.get("speculative_config") or {}), **config}
-    return body
+def speculative_report(metrics) -> dict | None:
+    """The engine's per-request speculative figures (``metrics.speculative_decoding`` of the
+    usage chunk, vLLM's shape), or None when it reported none or nothing consistent:
+    ``{draft_tokens_proposed, draft_tokens_accepted, draft_accepted (the rate, None with
+    nothing proposed), spec_steps, spec_tokens (k), mean_acceptance_length,
+    acceptance_histogram (index j: steps that accepted exactly j draft tokens)}``."""
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if not isinstance(spec, dict):
+        return None
+    proposed, accepted = _count(spec.get("num_draft_tokens")), _count(spec.get("num_accepted_draft_tokens"))
+    steps, k = _count(spec.get("num_spec_steps")), _count(spec.get("num_spec_tokens"))
+    if proposed is None or accepted is None or accepted > proposed:
+        return None
+    histogram = spec.get("acceptance_histogram")
+    if not (isinstance(histogram, list) and histogram and all(_count(n) is not None for n in histogram)):
+        histogram = None
+    elif steps is not None and sum(histogram) != steps:
+        histogram = None  # not the histogram of these steps
+    mean = spec.get("mean_acceptance_length")
+    mean = float(mean) if isinstance(mean, (int, float)) and not isinstance(mean, bool) and mean >= 0 else None
+    return {
+        "draft_tokens_proposed": proposed,
+        "draft_tokens_accepted": accepted,
+        "draft_accepted": round(accepted / proposed, 4) if proposed else None,
+        "spec_steps": steps,
+        "spec_tokens": k,
+        "mean_acceptance_length": round(mean, 4) if mean is not None else None,
+        "acceptance_histogram": histogram,
+    }
 
 
 def _message_text(message: dict) -> str:
@@ -537,6 +512,7 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
     finish_reason: str | None = None
     usage = None
     model: str | None = None
+    reported_metrics = None
 
     def deadline_error() -> UpstreamError:
         if first_token_at is None and first_deadline < total_deadline:
@@ -572,7 +548,7 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
                     top_p=request.top_p,
                     stream=True,
                     stream_options={"include_usage": True},
-                    extra_body=extra_body(endpoint, request) or None,
+                    extra_body=endpoint.extra_body or None,
                     timeout=openai.Timeout(
                         connect=endpoint.connect_timeout_s,
                         read=min(endpoint.first_token_timeout_s, endpoint.total_timeout_s),
@@ -590,6 +566,8 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
                 model = chunk.model or model
                 if chunk.usage is not None:
                     usage = chunk.usage
+                    # vLLM's per-request figures ride on the usage chunk, outside OpenAI's schema.
+                    reported_metrics = (chunk.model_extra or {}).get("metrics")
                 for choice in chunk.choices or ():
                     text = choice.delta.content if choice.delta is not None else None
                     if text:
@@ -632,6 +610,7 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
         finish_reason=finish_reason,
         usage_source=source,
         model=model,
+        speculative=speculative_report(reported_metrics),
     )
 
 

@@ -187,6 +187,36 @@ def plan(*, route_name: str | None = None, client_id: str = "", request_id: str 
     )
 
 
+class SpeculationUnavailable(ValueError):
+    """No endpoint of the route's model serves the request's speculative options: a 400
+    naming ``field`` (speculation is fixed when an engine server starts)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def provider_for_speculation(route: Route, wanted: dict) -> Provider:
+    """The endpoint that serves a request's speculative options (``Provider.speculation_mismatch``)
+    on ``route``: its own provider when it can, else another enabled provider of the same kind
+    and model (a GPU pool running another speculative configuration), by name."""
+    own = route.provider
+    mismatch = own.speculation_mismatch(wanted)
+    if mismatch is None:
+        return own
+    others = Provider.objects.filter(enabled=True, kind=own.kind, model=own.model).exclude(id=own.id).order_by("name")
+    for other in others:
+        if other.speculation_mismatch(wanted) is None:
+            return other
+    field, reason = mismatch
+    alternatives = ", ".join(f"{p.name} ({p.speculative_method}, k={p.speculative_k})" for p in others)
+    raise SpeculationUnavailable(
+        field,
+        f"route {route.name!r} cannot serve these speculative options: {reason}, and no other endpoint of model "
+        f"{own.model!r} does ({'others: ' + alternatives if alternatives else 'there is no other'})",
+    )
+
+
 def queue_for(route: Route) -> str:
     return Queue.GPU.value if route.provider.is_local else Queue.REMOTE.value
 
@@ -222,11 +252,13 @@ def payload_for(
     client_key_id: int | None = None,
     admission: dict | None = None,
     speculative: dict | None = None,
+    provider: Provider | None = None,
 ) -> dict:
     """The task's payload: ids and the request, the route's defaults where the request is silent.
 
-    ``speculative``: this request's speculative settings (``method``, ``k``, ``draft_model``),
-    merged over the serving provider's own by the worker (``inference.execution``)."""
+    ``speculative``: the request's speculative options (``{"enabled", "draft_model", "k"}``),
+    which its fallbacks must meet too; ``provider``: the endpoint chosen for them
+    (``provider_for_speculation``) when it is not the route's own."""
     route = plan.route
     return {
         "route_id": route.id,
@@ -245,6 +277,7 @@ def payload_for(
         # The client key's admission (billing.limits.Admission.as_json), settled with the ledger row.
         "admission": admission,
         "speculative": speculative,
+        "provider_id": provider.id if provider is not None and provider.id != route.provider_id else None,
         # The web request's X-Request-ID (ragsite/logs.py): the ledger row keeps it even when the
         # row is written by a dead worker's parent, which runs no task of this request.
         "trace_id": current_request_id(),
@@ -252,7 +285,10 @@ def payload_for(
 
 
 def submit(plan: Plan, *, link=None, link_error=None, **request) -> None:
-    """Enqueue the generation (``request``: the keyword arguments of ``payload_for``).
+    """Enqueue the generation (``request``: the keyword arguments of ``payload_for`` but
+    ``provider``, chosen here for the request's speculative options).
+
+    Raises ``SpeculationUnavailable`` when no endpoint serves those options.
 
     Raises ``RouteUnavailable`` (with ``retry_after_s``) before enqueueing when every key
     that could serve is cooling down or disabled: the API answers 503 with ``Retry-After``.
@@ -266,8 +302,12 @@ def submit(plan: Plan, *, link=None, link_error=None, **request) -> None:
     from inference.tasks import generate_routed
 
     check_available(plan.route, key_usable=plan.key_usable)
-    payload = payload_for(plan, **request)
+    options = request.get("speculative")
+    serving = provider_for_speculation(plan.route, options) if options else plan.route.provider
+    payload = payload_for(plan, provider=serving, **request)
     queue = queue_for(plan.route)
+    if serving.is_local:  # PoolFull (503, Retry-After) when the pool's engines hold their bound of waiting requests
+        backpressure.pool_admit(serving)
     # Overload: QueueFull (a RouteUnavailable: 503, Retry-After) when the queue is at its bound.
     with backpressure.queue_slot(queue):
         generate_routed.apply_async((plan.request_id, payload), queue=queue, link=link, link_error=link_error)

@@ -1,8 +1,9 @@
-"""Celery tasks of generation: one request, streamed into Redis.
+"""Celery tasks of generation: one routed request, streamed into Redis.
 
-``generate_local`` runs the speculative-decoding engine on queue ``gpu``;
-``generate_remote`` calls an OpenAI-compatible upstream on queue ``remote`` (a threads-pool
-worker: the call is I/O-bound and must not hold the single GPU process).
+``generate_routed`` runs on queue ``gpu`` for a GPU pool's route and ``remote`` for an
+upstream's; both are threads-pool workers holding many calls at once, since each call
+waits on an OpenAI-protocol server (a pool device's engine, or the upstream) that does the
+decoding. ``inference.execution`` is its body.
 """
 
 from __future__ import annotations
@@ -11,16 +12,11 @@ import logging
 import time
 
 import redis
-import torch
 from billiard.exceptions import WorkerLostError
 from celery import Task, shared_task
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure
 
-from inference.engine import GenerationRequest, GenerationStats, SpeculativeConfig, generate
-from inference.engine.models import models_load
-from inference.engine.speculative import GenerationError
-from inference.remote import RemoteEndpoint, RemoteRequest, RemoteStats, UpstreamError, stream_chat
 from inference.streams import TERMINAL, StreamWriter
 
 logger = logging.getLogger(__name__)
@@ -52,75 +48,6 @@ def _already_streamed(writer: StreamWriter, expected: int = 0) -> dict | None:
     return {"error": "interrupted"}
 
 
-def _stream_to(writer: StreamWriter, pieces, stats_type: type) -> dict:
-    """Write a backend's text deltas to the stream, then its stats; returns the stats dict."""
-    stats = None
-    for piece in pieces:
-        if isinstance(piece, stats_type):
-            stats = piece
-        else:
-            writer.write("delta", text=piece)
-    result = stats.as_dict()
-    writer.write("stats", **result)
-    return result
-
-
-@shared_task(name="inference.tasks.generate_local", bind=True, **GENERATION_TASK_OPTIONS)
-def generate_local(self, request_id: str, payload: dict) -> dict:
-    """Run one generation on this process's device and stream it to ``gen:<request_id>``.
-
-    ``payload``: model, draft_model, dtype (optional, e.g. "float32"), prompt (text) or
-    prompt_ids, max_tokens, temperature, top_p, stop, seed, speculative {method, k, adaptive_k}.
-    A bad request, an out-of-memory error or a crash inside the model fails this request
-    only (an ``error`` event with the reason); the worker goes on serving. A killed process
-    fails its request the same way (see ``GENERATION_TASK_OPTIONS``).
-    """
-    writer = StreamWriter(request_id)
-    if (refused := _already_streamed(writer)) is not None:
-        return refused
-    try:
-        models = models_load(payload["model"], payload.get("draft_model"), dtype=payload.get("dtype"))
-        prompt_ids = payload.get("prompt_ids") or models.tokenizer.encode(payload["prompt"])
-        spec = payload.get("speculative") or {}
-        request = GenerationRequest(
-            prompt_ids=list(prompt_ids),
-            max_tokens=int(payload.get("max_tokens", 256)),
-            temperature=float(payload.get("temperature", 0.0)),
-            top_p=float(payload.get("top_p", 1.0)),
-            stop=tuple(payload.get("stop") or ()),
-            seed=payload.get("seed"),
-            speculative=SpeculativeConfig(
-                method=spec.get("method", "off"), k=int(spec.get("k", 4)), adaptive_k=bool(spec.get("adaptive_k"))
-            ),
-        )
-        pieces = generate(
-            request,
-            target=models.target,
-            tokenizer=models.tokenizer,
-            draft=models.draft,
-            context_window=models.context_window,
-        )
-        return _stream_to(writer, pieces, GenerationStats)
-    except GenerationError as exc:
-        writer.write("error", field=exc.field, message=str(exc))
-        return {"error": str(exc)}
-    except torch.cuda.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        writer.write(
-            "error",
-            field=None,
-            message="the GPU ran out of memory for this request; try fewer max_tokens or a shorter prompt",
-        )
-        return {"error": "out of memory"}
-    except (KeyError, TypeError, ValueError) as exc:
-        writer.write("error", field=None, message=f"invalid request: {exc}")
-        return {"error": str(exc)}
-    except Exception as exc:  # a crash in the model fails this request, not the worker
-        logger.exception("generation %s failed", request_id)
-        writer.write("error", field=None, message=f"generation failed: {type(exc).__name__}: {exc}")
-        return {"error": f"{type(exc).__name__}: {exc}"}
-
-
 class _RedactedArgsTask(Task):
     """Sends ``(request_id, payload)`` with the payload left out of ``argsrepr``, the copy of
     the arguments that Celery puts in message headers, events and log records."""
@@ -129,72 +56,6 @@ class _RedactedArgsTask(Task):
         if args and "argsrepr" not in options:
             options["argsrepr"] = repr((args[0], "<payload withheld>", *args[2:]))
         return super().apply_async(args, kwargs, **options)
-
-
-def _remote_field(payload: dict, name: str, convert, default=None):
-    value = payload.get(name, default)
-    if value is None:
-        return None
-    try:
-        return convert(value)
-    except (TypeError, ValueError):
-        raise GenerationError(name, f"must be {convert.__name__}, got {value!r}") from None
-
-
-@shared_task(name="inference.tasks.generate_remote", bind=True, base=_RedactedArgsTask, **GENERATION_TASK_OPTIONS)
-def generate_remote(self, request_id: str, payload: dict) -> dict:
-    """Run one generation on an OpenAI-compatible upstream and stream it to ``gen:<request_id>``.
-
-    ``payload``: base_url, api_key, model, messages (or prompt, sent as one user message),
-    max_tokens, temperature, top_p, stop, seed, speculative {method, k, draft_model,
-    ngram_max, ngram_min}, connect_timeout_s, first_token_timeout_s, total_timeout_s,
-    extra_body. One attempt, no retries: the router owns those.
-
-    Events: ``delta`` {text}..., then ``stats`` (``RemoteStats.as_dict()``) or ``error``:
-    {field, message} for a request refused before any call, {field: null, kind, status,
-    retry_after_s, tokens_sent, retryable, message} for an upstream failure.
-
-    The key travels in the payload because upstream key storage does not exist yet; the
-    router will pass a key id instead and resolve it here. Until then the payload is never
-    logged, returned or put in ``argsrepr`` (see ``_RedactedArgsTask``), and error messages
-    never contain the key.
-    """
-    writer = StreamWriter(request_id)
-    if (refused := _already_streamed(writer)) is not None:
-        return refused
-    try:
-        messages = payload.get("messages")
-        if messages is None and payload.get("prompt") is not None:
-            messages = [{"role": "user", "content": str(payload["prompt"])}]
-        endpoint = RemoteEndpoint(
-            base_url=str(payload.get("base_url") or ""),
-            api_key=str(payload.get("api_key") or ""),
-            model=str(payload.get("model") or ""),
-            connect_timeout_s=_remote_field(payload, "connect_timeout_s", float, 5),
-            first_token_timeout_s=_remote_field(payload, "first_token_timeout_s", float, 30),
-            total_timeout_s=_remote_field(payload, "total_timeout_s", float, 300),
-            extra_body=payload.get("extra_body"),
-        )
-        request = RemoteRequest(
-            messages=messages,
-            max_tokens=_remote_field(payload, "max_tokens", int, 256),
-            temperature=_remote_field(payload, "temperature", float, 0.0),
-            top_p=_remote_field(payload, "top_p", float, 1.0),
-            stop=(payload["stop"],) if isinstance(payload.get("stop"), str) else tuple(payload.get("stop") or ()),
-            seed=_remote_field(payload, "seed", int),
-            speculative=payload.get("speculative"),
-        )
-        return _stream_to(writer, stream_chat(endpoint, request), RemoteStats)
-    except GenerationError as exc:
-        writer.write("error", field=exc.field, message=str(exc))
-        return {"error": str(exc)}
-    except UpstreamError as exc:
-        writer.write("error", field=None, **exc.as_dict())
-        return {"error": exc.kind, "status": exc.status, "tokens_sent": exc.tokens_sent}
-    except Exception as exc:  # a bug fails this request, not the worker; the payload is not logged
-        logger.exception("remote generation %s failed", request_id)
-        writer.write("error", field=None, kind=None, message=f"generation failed: {type(exc).__name__}")
-        return {"error": type(exc).__name__}
 
 
 @shared_task(name="inference.tasks.generate_routed", bind=True, base=_RedactedArgsTask, **GENERATION_TASK_OPTIONS)
@@ -292,7 +153,7 @@ def _end_stream_of_lost_generation(sender=None, task_id=None, exception=None, ar
     routed request still gets its ledger row (the tokens its stream holds), so that nothing
     served goes unbilled. (``submit``'s ``link_error`` tells the caller, e.g. the answer.)"""
     name = getattr(sender, "name", None)  # shared_task gives proxies: compare by name
-    if name not in (generate_local.name, generate_remote.name, generate_routed.name) or not args:
+    if name != generate_routed.name or not args:
         return
     if isinstance(exception, WorkerLostError):
         reason = f"the worker process running this request died ({exception})"
@@ -300,7 +161,7 @@ def _end_stream_of_lost_generation(sender=None, task_id=None, exception=None, ar
         reason = f"the request ran past the worker's hard time limit ({exception})"
     else:
         return
-    if name == generate_routed.name and len(args) > 1:
+    if len(args) > 1:
         # The terminal event and the ledger row (the tokens its stream holds) together.
         from billing import ledger
         from inference.execution import lost_generation_end

@@ -2,9 +2,10 @@
 
 Queues:
 - ``ingest``: parsing, chunking and embedding documents (CPU-heavy, long);
-- ``gpu``: generation on the speculative-decoding pool (one process per GPU, prefetch 1);
-- ``remote``: generation on an OpenAI-compatible upstream (I/O-bound: a threads-pool worker
-  holds many calls at once, and none of them waits behind, or holds, the GPU process);
+- ``gpu``: generation on a GPU pool (a threads-pool worker holds many calls at once, each
+  streamed from a device's engine server, which batches them);
+- ``remote``: generation on an OpenAI-compatible upstream (a threads-pool worker too, apart
+  so that a slow upstream never holds the pool's dispatch slots, nor the reverse);
 - ``default``: everything short (housekeeping, beat jobs, pings).
 """
 
@@ -38,7 +39,6 @@ TASK_ROUTES = {
     # Storing an answer at the end of its generation is short: it must not wait behind ingestion.
     "search.tasks.answer_*": {"queue": Queue.DEFAULT.value},
     "search.tasks.*": {"queue": Queue.INGEST.value},
-    "inference.tasks.generate_remote": {"queue": Queue.REMOTE.value},
     # Canary analysis is a short database job: it must not wait behind generations on gpu.
     "inference.tasks.canary_analyse": {"queue": Queue.DEFAULT.value},
     "inference.tasks.*": {"queue": Queue.GPU.value},

@@ -2,8 +2,10 @@
 
 ``/healthz`` answers as long as the web process can run a view: it touches nothing
 else, so a load balancer does not restart web processes because the database blinked.
-``/readyz`` checks what a request needs: the database, Redis, and at least one
-worker consuming each queue (a broadcast ping over the broker, answered by workers).
+``/readyz`` checks what a request needs: the database, Redis, at least one worker
+consuming each queue (a broadcast ping over the broker, answered by workers), and at least
+one device answering ``/health`` in each enabled GPU pool (every device that does not is
+named, with the reason).
 """
 
 from __future__ import annotations
@@ -70,6 +72,30 @@ def _check_queues() -> dict:
     return result
 
 
+def _check_pools() -> dict:
+    """Each enabled GPU pool's devices: ready when its engine server answers ``/health``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from inference.models import Provider
+    from inference.pool import device_health
+
+    pools = list(Provider.objects.filter(kind=Provider.Kind.LOCAL, enabled=True).order_by("name"))
+    urls = sorted({url for pool in pools for url in pool.devices})
+    with ThreadPoolExecutor(max_workers=min(16, len(urls) or 1)) as probes:
+        errors = dict(zip(urls, probes.map(device_health, urls), strict=True))
+    result = {}
+    for pool in pools:
+        devices = {
+            url: ({"ok": True} if not errors[url] else {"ok": False, "error": errors[url]}) for url in pool.devices
+        }
+        not_ready = [f"{url} ({errors[url]})" for url in pool.devices if errors[url]]
+        entry = {"ok": len(not_ready) < len(pool.devices), "devices": devices}
+        if not_ready:
+            entry["not_ready"] = f"device{'s' if len(not_ready) > 1 else ''} not ready: {'; '.join(not_ready)}"
+        result[pool.name] = entry
+    return result
+
+
 def _beat_last_seen() -> str | None:
     try:
         raw = redis_client().get(BEAT_HEARTBEAT_KEY)
@@ -88,11 +114,17 @@ def readiness_summary() -> dict:
         if redis_status["ok"]
         else {queue.value: {"ok": False, "workers": [], "error": "redis unreachable"} for queue in Queue}
     )
-    ready = database["ok"] and redis_status["ok"] and all(entry["ok"] for entry in queues.values())
+    pools = _check_pools() if database["ok"] else {}
+    ready = (
+        database["ok"]
+        and redis_status["ok"]
+        and all(entry["ok"] for entry in queues.values())
+        and all(entry["ok"] for entry in pools.values())
+    )
     return {
         "status": "ready" if ready else "not ready",
         "time": timezone.now().isoformat(),
-        "checks": {"database": database, "redis": redis_status, "queues": queues},
+        "checks": {"database": database, "redis": redis_status, "queues": queues, "pools": pools},
         # Informational: beat being down delays periodic work but does not block requests.
         "beat_last_seen": _beat_last_seen() if redis_status["ok"] else None,
         # Informational: usage rows waiting to be stored, and rows PostgreSQL refused (docs/operations.md).

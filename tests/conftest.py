@@ -179,3 +179,21 @@ def browser():
 
     with chromium() as driver:
         yield driver
+
+
+@pytest.fixture(scope="session")
+def ngram_pool(tmp_path_factory):
+    """A vLLM server speculating with n-grams of the prompt (k=4), shared by the session."""
+    from tests.pools import vllm_pool
+
+    with vllm_pool(tmp_path_factory.mktemp("ngram-pool"), name="ngram-pool", speculative="ngram") as pool:
+        yield pool
+
+
+@pytest.fixture(scope="session")
+def draft_pool(tmp_path_factory):
+    """A vLLM server speculating with a draft model (the target itself: all accepted), shared."""
+    from tests.pools import vllm_pool
+
+    with vllm_pool(tmp_path_factory.mktemp("draft-pool"), name="draft-pool", speculative="draft") as pool:
+        yield pool

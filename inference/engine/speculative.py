@@ -137,9 +137,10 @@ class _Model:
             self.length = length
 
 
-def validate_sampling(*, k: int, temperature: float, top_p: float, max_tokens: int) -> None:
-    """The request parameters every backend takes alike (the local engine, ``inference.remote``)."""
-    if not 1 <= k <= 16:
+def validate_sampling(*, temperature: float, top_p: float, max_tokens: int, k: int | None = None) -> None:
+    """The request parameters every backend takes alike (the local engine, ``inference.remote``);
+    ``k``, the tokens proposed per step, only where the request sets it (our engine)."""
+    if k is not None and not 1 <= k <= 16:
         raise GenerationError("speculative.k", f"must be between 1 and 16, got {k}")
     if temperature < 0:
         raise GenerationError("temperature", f"must be >= 0, got {temperature}")

@@ -181,9 +181,9 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
         route = None
     except router.RouteNotFound as exc:
         raise from_route_not_found(exc) from None
-    override = None
+    options = speculative.wanted(chat.speculative)
     if route is not None:
-        override = speculative.override_for(chat.speculative, route.provider, route.name)
+        speculative.check(options, route)
 
     admission = None
     try:
@@ -203,7 +203,7 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
             route_name=route_name,
             max_tokens=chat.max_tokens,
             temperature=chat.temperature,
-            speculative=override,
+            speculative=options,
         )
     except answers.AnswerError as exc:
         param = _PARAMS.get(exc.field, exc.field)
@@ -212,6 +212,8 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
         raise invalid(param, str(exc)) from None
     except router.RouteNotFound as exc:
         raise from_route_not_found(exc) from None
+    except router.SpeculationUnavailable as exc:  # the canary's endpoints differ from the route's
+        raise invalid(exc.field, str(exc)) from None
     except router.RouteUnavailable as exc:
         raise from_route_unavailable(exc) from None
     except limits.LimitExceeded as exc:
@@ -253,19 +255,13 @@ async def answer_events(answer_id) -> AsyncIterator[tuple[str, dict]]:
 # --------------------------------------------------------------------------- the OpenAI shapes
 
 
-def _speculative_stats(answer: Answer, stats: dict) -> dict:
-    """``{method, draft_tokens_proposed, draft_tokens_accepted, draft_accepted}``. An
-    upstream reports no draft counts per request: None there, not 0 (0 would claim that
-    nothing was accepted). An extractive answer runs no model: nothing proposed."""
+def _speculative_stats(answer: Answer, stats: dict) -> dict | None:
+    """What the serving engine reported of its speculative decoding for this answer
+    (``inference.remote.speculative_report``), or None where it reported nothing: an engine
+    that does not speculate, an upstream that does not say, an extractive answer."""
     if answer.mode == Answer.Mode.EXTRACTIVE:
-        return {"method": "off", "draft_tokens_proposed": 0, "draft_tokens_accepted": 0, "draft_accepted": None}
-    proposed, accepted = stats.get("draft_tokens_proposed"), stats.get("draft_tokens_accepted")
-    return {
-        "method": stats.get("speculative_method"),
-        "draft_tokens_proposed": proposed,
-        "draft_tokens_accepted": accepted,
-        "draft_accepted": round(accepted / proposed, 4) if proposed and accepted is not None else None,
-    }
+        return None
+    return stats.get("speculative")
 
 
 class ChatCompletion:

