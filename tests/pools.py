@@ -93,7 +93,7 @@ def vllm_pool(folder: Path, *, name: str, speculative: str, k: int = 4):
         env={"VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB},
     )
     log_path = folder / "server.log"
-    log_file = open(log_path, "a", buffering=1)  # noqa: SIM115 (closed below, after the server)
+    log_file = open(log_path, "a", buffering=1)
     server = EngineServer.for_device(config, 0, log=lambda line: log_file.write(line + "\n"))
     try:
         server.start()

@@ -21,8 +21,8 @@ from ragsite.health import readiness_summary
 from search.answers import answer_create
 from search.models import Answer
 from tests.conftest import celery_worker
-from tests.search.test_answers import DOCUMENTS, deltas, read_stream, wait_for_answer
 from tests.search.files import ingest_texts
+from tests.search.test_answers import DOCUMENTS, deltas, read_stream, wait_for_answer
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
