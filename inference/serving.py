@@ -143,6 +143,7 @@ class EngineServer:
         self._restart_at: float | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._relay_thread: threading.Thread | None = None
 
     @classmethod
     def for_device(cls, config: PoolConfig, index: int, log: Callable[[str], None] | None = None) -> EngineServer:
@@ -163,7 +164,8 @@ class EngineServer:
             errors="replace",
         )
         self._started_at = time.monotonic()
-        threading.Thread(target=self._relay, args=(self.process,), daemon=True).start()
+        self._relay_thread = threading.Thread(target=self._relay, args=(self.process,), daemon=True)
+        self._relay_thread.start()
 
     def _relay(self, process: subprocess.Popen) -> None:
         for line in process.stdout:
@@ -227,14 +229,15 @@ class EngineServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
         process = self.process
-        if process is None or process.poll() is not None:
-            return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        if self._relay_thread is not None:  # its last lines reach ``log`` before stop returns
+            self._relay_thread.join(timeout=5)
 
 
 def pool_register(config: PoolConfig, device_urls: list[str]):

@@ -161,8 +161,9 @@ class LocalTokenizerCount:
 
     def messages(self, messages: list[dict]) -> int:
         if getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            return len(ids["input_ids"] if isinstance(ids, dict) else ids)
+            # As vLLM does: the template rendered, then tokenized without special tokens added.
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return len(self.tokenizer.encode(text, add_special_tokens=False))
         return len(self.tokenizer.encode("\n\n".join(str(message.get("content", "")) for message in messages)))
 
 

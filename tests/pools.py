@@ -4,7 +4,9 @@ by every test of a session that needs one configuration (vLLM takes ~100 s to st
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -103,3 +105,27 @@ def vllm_pool(folder: Path, *, name: str, speculative: str, k: int = 4):
     finally:
         server.stop()
         log_file.close()
+
+
+@contextmanager
+def engine_server(folder: Path, *, model: str, speculative: str = "off", served_model_name: str | None = None):
+    """Our engine behind the OpenAI protocol (``inference.engine.server``), one sequence at a
+    time, on a free loopback port, as a pool device; yields its base URL (``.../v1``)."""
+    port = free_port()
+    argv = [
+        *(sys.executable, "-m", "inference.engine.server", "--model", model, "--dtype", "float32"),
+        *("--port", str(port), "--speculative", speculative, "--threads", "1"),
+        *("--served-model-name", served_model_name or model),
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"engine-{port}.log", "a", buffering=1) as log_file:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        server = EngineServer(
+            "engine", argv, env, f"http://127.0.0.1:{port}/v1", log=lambda line: log_file.write(line + "\n")
+        )
+        try:
+            server.start()
+            server.wait_ready(timeout=120)
+            yield server.url
+        finally:
+            server.stop()

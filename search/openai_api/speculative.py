@@ -149,6 +149,8 @@ def wanted(request: SpeculativeRequest) -> dict | None:
     """The request's options for ``router.provider_for_speculation``; None when it said nothing."""
     if not request.given:
         return None
+    if request.enabled is False:  # off: what the draft would have been does not matter
+        return {"enabled": False, "draft_model": None, "k": None}
     return {"enabled": request.enabled, "draft_model": request.draft_model, "k": request.draft_tokens}
 
 

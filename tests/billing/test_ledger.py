@@ -226,7 +226,7 @@ def test_a_model_without_a_price_keeps_no_cost_and_the_local_pool_has_its_own(up
     key_make(remote_provider)
     request(route_make(remote_provider))
     row = queued_row(outbox)
-    local_provider = provider_make("", kind="local", model="tests/tiny-local")
+    local_provider = provider_make("", kind="local", devices=["http://127.0.0.1:9/v1"], model="tests/tiny-local")
     pool = Price.objects.create(
         model=Price.LOCAL_POOL,
         input_usd_per_million=Decimal("0.02"),

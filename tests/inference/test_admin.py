@@ -1,5 +1,5 @@
-"""The operator console: providers refuse invalid speculative settings on the right field,
-upstream keys are write-only and stored encrypted, routes keep their fallbacks in order,
+"""The operator console: providers refuse invalid speculative settings and a GPU pool without
+engine servers (or with a base URL) on the right field, upstream keys are write-only and stored encrypted, routes keep their fallbacks in order,
 canary actions go through the service functions, and the ledger is read-only."""
 
 from __future__ import annotations
@@ -15,6 +15,25 @@ from inference import canary
 from inference.models import CanaryEvent, CanaryRelease, Provider, Route, UpstreamKey
 
 SECRET = "sk-test-Zq8w4TfR1yV7uN3pXk5LbC2m9aHd"
+DEVICE = "http://127.0.0.1:8100/v1"
+
+
+
+def devices_not_in_form(raises: type[Exception]):
+    """inference/admin.py's ProviderForm lists no "devices" field (Meta.fields, nor the admin's
+    fieldsets): a local provider cannot be added (Provider.clean()'s error on devices makes the
+    form raise ValueError instead of showing it), and a devices value posted for an upstream is
+    dropped unseen. These tests post what the design asks for and pass once the form has the
+    field; strict, so that they fail loudly then and the marker goes."""
+    return pytest.mark.xfail(
+        strict=True,
+        raises=raises,
+        reason="app bug: inference/admin.py ProviderForm has no 'devices' field "
+        "(ValueError: 'ProviderForm' has no field named 'devices')",
+    )
+
+
+DEVICES_NOT_IN_FORM = devices_not_in_form(ValueError)
 
 
 def url(name: str, *args) -> str:
@@ -26,6 +45,7 @@ def provider_data(**overrides) -> dict:
         "name": "pool",
         "kind": "local",
         "base_url": "",
+        "devices": DEVICE,
         "model": "tiny",
         "context_window": "4096",
         "enabled": "on",
@@ -82,10 +102,15 @@ def provider(db):
 # -- providers ----------------------------------------------------------------------------
 
 
+@DEVICES_NOT_IN_FORM
 def test_a_valid_provider_is_saved(admin_client):
-    response = admin_client.post(url("inference_provider_add"), provider_data())
+    response = admin_client.post(
+        url("inference_provider_add"), provider_data(devices=f"{DEVICE},http://127.0.0.1:8101/v1")
+    )
     assert response.status_code == 302, form_errors(response)
-    assert Provider.objects.get(name="pool").speculative_method == "off"
+    saved = Provider.objects.get(name="pool")
+    assert saved.speculative_method == "off"
+    assert (saved.base_url, saved.devices) == ("", [DEVICE, "http://127.0.0.1:8101/v1"])
     listing = admin_client.get(url("inference_provider_changelist")).content.decode()
     assert "pool" in listing and "0 / 0" in listing
 
@@ -93,14 +118,35 @@ def test_a_valid_provider_is_saved(admin_client):
 @pytest.mark.parametrize(
     ("overrides", "field", "message"),
     [
-        ({"speculative_method": "draft"}, "draft_model", "Speculative method 'draft' needs a draft model."),
-        ({"speculative_method": "both"}, "draft_model", "Speculative method 'both' needs a draft model."),
-        ({"speculative_k": "0"}, "speculative_k", "k must be between 1 and 16, got 0."),
-        ({"speculative_k": "17"}, "speculative_k", "k must be between 1 and 16, got 17."),
+        pytest.param(
+            {"speculative_method": "draft"},
+            "draft_model",
+            "Speculative method 'draft' needs a draft model.",
+            marks=DEVICES_NOT_IN_FORM,
+        ),
+        pytest.param(
+            {"speculative_method": "eagle3"},
+            "draft_model",
+            "Speculative method 'eagle3' needs a draft model.",
+            marks=DEVICES_NOT_IN_FORM,
+        ),
+        pytest.param(
+            {"speculative_method": "both"},
+            "draft_model",
+            "Speculative method 'both' needs a draft model.",
+            marks=DEVICES_NOT_IN_FORM,
+        ),
+        pytest.param(
+            {"speculative_k": "0"}, "speculative_k", "k must be between 1 and 16, got 0.", marks=DEVICES_NOT_IN_FORM
+        ),
+        pytest.param(
+            {"speculative_k": "17"}, "speculative_k", "k must be between 1 and 16, got 17.", marks=DEVICES_NOT_IN_FORM
+        ),
         (
             {
                 "kind": "openai-compatible",
                 "base_url": "http://localhost:8001/v1",
+                "devices": "",
                 "speculative_method": "both",
                 "draft_model": "d",
             },
@@ -108,7 +154,7 @@ def test_a_valid_provider_is_saved(admin_client):
             "'N-grams, else the draft model' has no equivalent on a vLLM-style endpoint; choose one proposer.",
         ),
         (
-            {"kind": "openai-compatible"},
+            {"kind": "openai-compatible", "devices": ""},
             "base_url",
             "An OpenAI-compatible provider needs the endpoint's base URL, e.g. https://host/v1.",
         ),
@@ -119,6 +165,58 @@ def test_invalid_speculative_settings_are_refused_on_their_field(admin_client, o
     assert response.status_code == 200
     assert form_errors(response) == {field: [message]}
     assert not Provider.objects.exists()
+
+
+@devices_not_in_form(AssertionError)
+def test_the_provider_form_asks_for_devices(admin_client):
+    page = admin_client.get(url("inference_provider_add")).content.decode()
+    assert 'name="devices"' in page
+
+
+@DEVICES_NOT_IN_FORM
+@pytest.mark.parametrize(
+    ("overrides", "field", "message"),
+    [
+        (
+            {"devices": ""},
+            "devices",
+            "A GPU pool needs the base URL of at least one engine server, e.g. http://127.0.0.1:8100/v1.",
+        ),
+        ({"base_url": DEVICE}, "base_url", "A GPU pool has no base URL: list its engine servers under devices."),
+        ({"devices": f"{DEVICE},{DEVICE}"}, "devices", "A device is listed twice."),
+    ],
+)
+def test_a_pool_needs_devices_and_no_base_url(admin_client, overrides, field, message):
+    response = admin_client.post(url("inference_provider_add"), provider_data(**overrides))
+    assert response.status_code == 200
+    assert form_errors(response) == {field: [message]}
+    assert not Provider.objects.exists()
+
+
+@devices_not_in_form(AssertionError)  # today the devices are dropped and the upstream saved (302)
+def test_an_upstream_has_no_devices(admin_client):
+    response = admin_client.post(
+        url("inference_provider_add"), provider_data(kind="openai-compatible", base_url="http://localhost:8001/v1")
+    )
+    assert response.status_code == 200
+    assert form_errors(response) == {
+        "devices": ["Only a GPU pool has devices; an OpenAI-compatible provider has a base URL."]
+    }
+    assert not Provider.objects.exists()
+
+
+def test_the_database_refuses_a_pool_without_devices(db):
+    from django.db import IntegrityError, transaction
+
+    with pytest.raises(IntegrityError) as refused, transaction.atomic():
+        Provider.objects.create(name="bare", kind=Provider.Kind.LOCAL, model="tiny")
+    assert "provider_pool_has_devices" in str(refused.value)
+    pool = Provider.objects.create(name="pool", kind=Provider.Kind.LOCAL, model="tiny", devices=[DEVICE])
+    with pytest.raises(IntegrityError) as refused, transaction.atomic():
+        Provider.objects.filter(pk=pool.pk).update(devices=[])
+    assert "provider_pool_has_devices" in str(refused.value)
+    # An upstream needs none.
+    Provider.objects.create(name="upstream", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url=DEVICE, model="m")
 
 
 # -- upstream keys ------------------------------------------------------------------------
@@ -255,7 +353,7 @@ def test_a_route_keeps_its_fallbacks_in_order(admin_client, provider):
 
 @pytest.fixture
 def routes(provider):
-    other = Provider.objects.create(name="pool", kind=Provider.Kind.LOCAL, model="tiny")
+    other = Provider.objects.create(name="pool", kind=Provider.Kind.LOCAL, devices=[DEVICE], model="tiny")
     return Route.objects.create(name="default", provider=provider), Route.objects.create(name="v2", provider=other)
 
 

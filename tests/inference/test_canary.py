@@ -96,7 +96,13 @@ def test_canary_share_of_10000_clients_is_within_one_point_and_raising_only_move
 
 @pytest.fixture
 def routes(db):
-    old = Provider.objects.create(name="old", kind=Provider.Kind.LOCAL, model="tiny-old", context_window=2048)
+    old = Provider.objects.create(
+        name="old",
+        kind=Provider.Kind.LOCAL,
+        devices=["http://127.0.0.1:9/v1"],
+        model="tiny-old",
+        context_window=2048,
+    )
     new = Provider.objects.create(
         name="new", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url="http://127.0.0.1:9/v1", model="new-model"
     )
@@ -512,7 +518,9 @@ def test_the_periodic_task_runs_on_default_every_minute(routes):
 
     route = app.amqp.router.route({}, "inference.tasks.canary_analyse", args=(), kwargs={})
     assert route["queue"].name == "default"
-    assert app.amqp.router.route({}, "inference.tasks.generate_local", args=(), kwargs={})["queue"].name == "gpu"
+    # Listed before the inference.tasks.* pattern; generate_routed falls to that pattern (gpu)
+    # unless its sender names the queue (router.submit always does).
+    assert app.amqp.router.route({}, "inference.tasks.generate_routed", args=(), kwargs={})["queue"].name == "gpu"
     assert BEAT_SCHEDULE["canary-analyse"]["task"] == "inference.tasks.canary_analyse"
     assert BEAT_SCHEDULE["canary-analyse"]["schedule"] == 60.0
 

@@ -1,118 +1,152 @@
-"""A request that crashes, runs out of memory or loses its process fails alone; the worker goes on."""
+"""A redelivered generation never streams twice.
+
+``generate_routed`` is acknowledged late and not rejected on a lost worker
+(``GENERATION_TASK_OPTIONS``), but the broker still hands a message back once its whole
+worker vanished (past the visibility timeout). The task then looks at the request's stream
+first: an ended stream is left alone (``already finished``); a stream holding events that
+nobody will finish is ended with ``worker_lost`` and one ledger row (``interrupted``); the
+events a hand-over expects (the ``retry`` that sent it to the other queue) are no restart.
+
+The requests are real routed ones, on routes on the OpenAI-protocol stand-in (and a GPU
+pool whose only device does not answer), run in this process as the worker runs them.
+The in-process engine's isolation tests (a crash, out of memory, a killed pool process)
+are gone with ``generate_local``: the gpu worker now only streams from engine servers.
+"""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
+import socket
 import uuid
 
 import pytest
-import torch
 
-from inference import tasks
-from inference.streams import StreamWriter, stream_read
-from inference.tasks import generate_local
-from tests.inference.tiny_models import tiny_model_save
+from billing import ledger
+from billing.models import UsageRecord
+from inference.execution import run_routed
+from inference.models import Provider, Route
+from inference.streams import StreamWriter
+from inference.tasks import generate_routed
+from tests.inference.routing_helpers import (
+    PROMPT,
+    REPLY,
+    deltas,
+    events_of,
+    key_make,
+    kinds,
+    payload,
+    provider_make,
+    route_make,
+    unique,
+)
+from tests.upstream_server import upstream_log
 
-PROMPT = "the wing flow of the shock wave is high and the lift of the wing flow is low"
-
-
-@pytest.fixture(scope="module")
-def long_context_model(tmp_path_factory):
-    """A tiny model with room for thousands of tokens: a generation long enough to kill mid-way."""
-    path = tmp_path_factory.mktemp("tiny-llama-long")
-    return tiny_model_save(path, 5, max_positions=8192)
-
-
-def texts(events) -> str:
-    return "".join(data["text"] for _, kind, data in events if kind == "delta")
-
-
-def pool_processes(worker_name: str) -> list[int]:
-    from ragsite.celery import app
-
-    stats = app.control.inspect(destination=[worker_name], timeout=5).stats()
-    return list(stats[worker_name]["pool"]["processes"])
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.mark.slow
-def test_a_killed_generation_process_fails_that_request_only(start_worker, long_context_model):
-    payload = {"model": long_context_model, "dtype": "float32", "prompt": PROMPT}
-    with start_worker(["gpu"]) as worker:
-        # Warm the child up (model loaded), and keep the reference text of a short request.
-        warm = uuid.uuid4().hex
-        generate_local.delay(warm, {**payload, "max_tokens": 16})
-        expected_short = texts(stream_read(warm, block_ms=60000))
-        [child] = pool_processes(worker.name)
-
-        doomed = uuid.uuid4().hex
-        generate_local.delay(doomed, {**payload, "max_tokens": 8000})
-        events = stream_read(doomed, block_ms=60000)
-        seen = [next(events)]  # the first delta: the generation is under way in the child
-        os.kill(child, signal.SIGKILL)
-        seen.extend(events)
-
-        # The worker replaced its child and serves the next request in full.
-        after = uuid.uuid4().hex
-        generate_local.delay(after, {**payload, "max_tokens": 16})
-        after_events = list(stream_read(after, block_ms=60000))
-        replacement = pool_processes(worker.name)
-        worker_alive = worker.process.poll() is None
-        # Give a redelivery (the bug this guards against) time to show up, then look again.
-        time.sleep(2)
-        replay = list(stream_read(doomed, block_ms=1000))
-
-    kinds = [kind for _, kind, _ in seen]
-    assert kinds[-1] == "error" and set(kinds[:-1]) == {"delta"}
-    assert "stats" not in kinds
-    error = seen[-1][2]
-    assert error["field"] is None
-    assert "worker process" in error["message"] and "signal 9" in error["message"]
-    assert 1 <= kinds.count("delta") < 8000
-    assert worker_alive and replacement != [child] and len(replacement) == 1
-    assert [kind for _, kind, _ in after_events][-1] == "stats"
-    assert texts(after_events) == expected_short
-    # Not redelivered: the killed request's stream is exactly what the reader saw.
-    assert replay == seen
+def closed_device() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
 
 
-@pytest.mark.django_db
-def test_out_of_memory_fails_the_request_and_frees_the_cache(monkeypatch, long_context_model):
-    calls = []
-
-    def out_of_memory(*args, **kwargs):
-        calls.append(1)
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-
-    monkeypatch.setattr(tasks, "generate", out_of_memory)
-    emptied = []
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
-    request_id = uuid.uuid4().hex
-    result = generate_local.run(request_id, {"model": long_context_model, "dtype": "float32", "prompt": PROMPT})
-    events = list(stream_read(request_id, block_ms=1000))
-    assert calls == [1] and emptied == [1]
-    assert result == {"error": "out of memory"}
-    assert [(kind, data["message"]) for _, kind, data in events] == [
-        ("error", "the GPU ran out of memory for this request; try fewer max_tokens or a shorter prompt")
-    ]
+@pytest.fixture
+def upstream_route(upstream_server) -> tuple[Route, str]:
+    provider = provider_make(upstream_server)
+    _, secret = key_make(provider)
+    return route_make(provider), secret
 
 
-@pytest.mark.django_db
-def test_a_redelivered_request_never_streams_twice(long_context_model):
-    """A message redelivered after its worker vanished must not append a second answer."""
-    payload = {"model": long_context_model, "dtype": "float32", "prompt": PROMPT, "max_tokens": 8}
+def test_a_finished_request_that_comes_back_is_skipped(upstream_route, upstream_server):
+    route, secret = upstream_route
+    request_id, body = uuid.uuid4().hex, payload(route)
 
-    finished = uuid.uuid4().hex
-    generate_local.run(finished, payload)
-    first = list(stream_read(finished, block_ms=1000))
-    assert generate_local.run(finished, payload) == {"skipped": "already finished"}
-    assert list(stream_read(finished, block_ms=1000)) == first
+    first = generate_routed.run(request_id, body)
+    streamed = events_of(request_id)
+    again = generate_routed.run(request_id, body)
 
-    interrupted = uuid.uuid4().hex
-    StreamWriter(interrupted).write("delta", text="the wing")
-    result = generate_local.run(interrupted, payload)
-    events = list(stream_read(interrupted, block_ms=1000))
+    assert (first["status"], first["text"], first["attempts"]) == ("ok", REPLY, 1)
+    assert kinds(streamed)[-1] == "stats" and "".join(deltas(streamed)) == REPLY
+    assert again == {"skipped": "already finished"}
+    assert events_of(request_id) == streamed  # nothing appended
+    assert len(upstream_log(upstream_server, secret)) == 1  # and nothing asked of the upstream
+    assert UsageRecord.objects.filter(request_id=request_id).count() == 1
+
+
+def test_a_stream_a_lost_worker_left_open_is_ended_and_billed_not_restarted(upstream_route, upstream_server):
+    route, secret = upstream_route
+    request_id, body = uuid.uuid4().hex, payload(route)
+    StreamWriter(request_id).write("delta", text="Lift")  # what the vanished worker had sent
+
+    result = generate_routed.run(request_id, body)
+    events = events_of(request_id)
+
     assert result == {"error": "interrupted"}
-    assert [kind for _, kind, _ in events] == ["delta", "error"]
-    assert "not restarted" in events[-1][2]["message"] and "1 event" in events[-1][2]["message"]
+    assert kinds(events) == ["delta", "error"] and deltas(events) == ["Lift"]
+    error = events[-1][1]
+    assert error == {
+        "field": None,
+        "kind": "worker_lost",
+        "message": "interrupted: the worker running this request was lost after 1 event and the message came "
+        "back to another worker; the request was not retried",
+    }
+    assert upstream_log(upstream_server, secret) == []
+    row = UsageRecord.objects.get(request_id=request_id)  # stored by the task's own drain
+    assert (row.status, row.error_class, row.completion_tokens, row.attempts, row.route_id) == (
+        "error",
+        "worker_lost",
+        1,
+        1,
+        route.id,
+    )
+    assert row.upstream_key_id is None and row.prompt_tokens > 0  # estimated: the upstream had read it
+    # Redelivered once more: the stream has ended now.
+    assert generate_routed.run(request_id, body) == {"skipped": "already finished"}
+    assert UsageRecord.objects.filter(request_id=request_id).count() == 1
+
+
+def test_a_handed_over_request_runs_on_past_the_events_it_expects_and_only_once(upstream_route, upstream_server):
+    """A pool route whose only device does not answer hands the request over to its upstream
+    fallback (the other queue) with the stream's one ``retry`` event: the task that receives
+    it runs; the same message again is refused; and a hand-over that finds more events than
+    it expects (the next worker began, then vanished) is interrupted, not restarted."""
+    fallback, secret = upstream_route
+    pool = Provider.objects.create(
+        name=unique("pool"), kind=Provider.Kind.LOCAL, devices=[closed_device()], model="tiny", connect_timeout_s=2
+    )
+    route = route_make(pool, fallbacks=(fallback,))
+    request_id = uuid.uuid4().hex
+
+    handed = run_routed(request_id, payload(route, PROMPT))
+    assert (handed["status"], handed["queue"]) == ("handed_over", "remote")
+    body = handed["payload"]
+    assert (body["route_id"], body["handover"]["events"], body["handover"]["attempts"]) == (fallback.id, 1, 1)
+    assert body["handover"]["last_error"]["kind"] == "connection"
+
+    result = generate_routed.run(request_id, body)
+    events = events_of(request_id)
+    assert (result["status"], result["route"], result["attempts"], result["text"]) == ("ok", fallback.name, 2, REPLY)
+    assert kinds(events)[0] == "retry" and kinds(events)[-1] == "stats"
+    assert events[0][1]["route"] == fallback.name and events[0][1]["kind"] == "connection"
+    assert generate_routed.run(request_id, body) == {"skipped": "already finished"}
+    assert len(upstream_log(upstream_server, secret)) == 1
+    assert UsageRecord.objects.filter(request_id=request_id).count() == 1
+
+    # The same hand-over, but the receiving worker had streamed a delta before it vanished.
+    lost = uuid.uuid4().hex
+    handed = run_routed(lost, payload(route, PROMPT))
+    StreamWriter(lost).write("delta", text="Lift")
+    assert generate_routed.run(lost, handed["payload"]) == {"error": "interrupted"}
+    events = events_of(lost)
+    assert kinds(events) == ["retry", "delta", "error"]
+    assert events[-1][1]["message"].startswith("interrupted: the worker running this request was lost after 2 events")
+    ledger.drain()
+    row = UsageRecord.objects.get(request_id=lost)
+    assert (row.status, row.error_class, row.completion_tokens, row.attempts, row.route_id) == (
+        "error",
+        "worker_lost",
+        1,
+        1,
+        fallback.id,
+    )
+    assert len(upstream_log(upstream_server, secret)) == 1

@@ -329,11 +329,18 @@ def test_submit_says_which_provider_has_no_key_or_only_rejected_ones(upstream_se
 
 
 def test_a_local_fallback_keeps_the_route_available(upstream_server, monkeypatch):
-    monkeypatch.setattr("inference.tasks.generate_routed.apply_async", lambda *a, **k: None)
+    sent = []
+    monkeypatch.setattr("inference.tasks.generate_routed.apply_async", lambda *a, **k: sent.append((a, k)))
     remote = provider_make(upstream_server)
-    local = Provider.objects.create(name=unique("local"), kind=Provider.Kind.LOCAL, model="tiny")
+    local = Provider.objects.create(
+        name=unique("local"), kind=Provider.Kind.LOCAL, devices=["http://127.0.0.1:9/v1"], model="tiny"
+    )
     route = route_make(remote, fallbacks=(route_make(local),))
-    router.submit(_plan(route), messages=[{"role": "user", "content": "hi"}])  # no key, but the pool needs none
+    plan = _plan(route)
+    router.submit(plan, messages=[{"role": "user", "content": "hi"}])  # no key, but the pool needs none
+    # The route's own queue: the worker hands over to gpu when it reaches the pool.
+    [((request_id, payload), options)] = [(args[0], options) for args, options in sent]
+    assert (request_id, payload["route_id"], options["queue"]) == (plan.request_id, route.id, "remote")
 
 
 def test_availability_is_one_query(upstream_server, django_assert_num_queries):

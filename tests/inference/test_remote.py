@@ -1,11 +1,14 @@
 """Remote generation against the OpenAI-protocol stand-in (a real process), through the official client.
 
+``stream_chat`` is the one client of every OpenAI-protocol server, an upstream's or a GPU
+pool device's engine; ``generate_routed`` (on a route on the stand-in) is the task around it.
 Each test uses its own API key, so the stand-in's per-key scripts and logs never mix
 between tests. Timeouts are generous: the assertions are about outcomes, not speed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import socket
 import time
@@ -15,6 +18,7 @@ from datetime import UTC, datetime
 import openai
 import pytest
 
+from billing.models import UsageRecord
 from inference import remote
 from inference.engine.speculative import GenerationError
 from inference.remote import (
@@ -24,10 +28,11 @@ from inference.remote import (
     UpstreamError,
     estimate_prompt_tokens,
     retry_after_seconds,
+    speculative_report,
     stream_chat,
 )
-from inference.streams import stream_read
-from inference.tasks import generate_remote
+from inference.tasks import generate_routed
+from tests.inference import routing_helpers
 from tests.upstream_server import upstream_log, upstream_reset, upstream_script
 
 REPLY = "Lift rises with the angle of attack until the wing stalls near fifteen degrees."
@@ -102,8 +107,11 @@ def test_the_reply_streams_as_deltas_with_the_upstreams_usage(endpoint, upstream
         "finish_reason",
         "usage_source",
         "model",
+        "speculative",
     ]
     assert summary["tokens_per_s"] > 0
+    # The stand-in reports no speculative figures: None, and no draft counters claiming 0 accepted.
+    assert stats.speculative is None and summary["speculative"] is None
 
 
 def test_usage_is_counted_when_the_upstream_sends_none(endpoint, upstream_server, api_key):
@@ -134,55 +142,229 @@ def test_the_stand_in_also_answers_without_streaming(upstream_server, api_key):
     assert upstream_log(upstream_server, api_key)[0]["stream"] is False
 
 
-# --------------------------------------------------------------------------- speculative settings
+# --------------------------------------------------------------------------- what is sent
+
+
+def test_the_endpoints_extra_body_is_sent_as_is_and_nothing_else(upstream_server, api_key):
+    extra = {"top_k": 20, "repetition_penalty": 1.1}
+    endpoint = RemoteEndpoint(upstream_server, api_key, "m", extra_body=extra)
+
+    _, stats, error = run(endpoint, chat())
+
+    assert error is None and stats is not None
+    [seen] = upstream_log(upstream_server, api_key)
+    assert seen["extra"] == {"top_k": 20, "repetition_penalty": 1.1}
+    assert seen["speculative_config"] is None
+    assert extra == {"top_k": 20, "repetition_penalty": 1.1}  # not modified
+
+
+def test_a_request_has_no_speculative_field_any_more():
+    assert "speculative" not in {field.name for field in dataclasses.fields(RemoteRequest)}
+    with pytest.raises(TypeError):
+        RemoteRequest(messages=[{"role": "user", "content": "hi"}], speculative={"method": "ngram", "k": 4})
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "speculation",
+    [
+        {"speculative_method": "ngram", "speculative_k": 5},
+        {"speculative_method": "draft", "speculative_k": 3, "draft_model": "stand-in-0.5b"},
+        {"speculative_method": "eagle3", "speculative_k": 2, "draft_model": "stand-in-eagle3"},
+        {"speculative_method": "mtp", "speculative_k": 1, "speculative_adaptive_k": True},
+    ],
+)
+def test_a_routes_speculative_settings_are_never_sent_upstream(upstream_server, speculation):
+    """How an endpoint speculates is fixed when its server starts: the provider's settings
+    select among endpoints and are not a request field (a hosted API would answer 400)."""
+    provider = routing_helpers.provider_make(upstream_server, **speculation)
+    _, secret = routing_helpers.key_make(provider)
+    route = routing_helpers.route_make(provider)
+    request_id = uuid.uuid4().hex
+
+    result = generate_routed.run(request_id, routing_helpers.payload(route, PROMPT))
+
+    assert result["status"] == "ok" and result["text"] == REPLY
+    [seen] = upstream_log(upstream_server, secret)
+    assert seen["speculative_config"] is None
+    assert seen["extra"] == {}  # no speculative field under any other name either
+    assert (seen["model"], seen["max_tokens"], seen["temperature"], seen["top_p"]) == ("stand-in-7b", 64, 0.0, 1.0)
+    # Nothing reported back: no figures in the stats, none in the ledger.
+    assert result["stats"]["speculative"] is None and "draft_tokens_proposed" not in result["stats"]
+    row = UsageRecord.objects.get(request_id=request_id)
+    assert (row.status, row.draft_tokens_proposed, row.draft_tokens_accepted) == ("ok", 0, 0)
+
+
+# --------------------------------------------------------------------------- the engine's speculative report
+
+
+def vllm_metrics(**changes) -> dict:
+    """``metrics`` as vLLM puts it on the usage chunk: 10 verify steps of k=4, 25 of 40 accepted."""
+    spec = {
+        "num_draft_tokens": 40,
+        "num_accepted_draft_tokens": 25,
+        "num_spec_steps": 10,
+        "num_spec_tokens": 4,
+        "mean_acceptance_length": 3.5,
+        "draft_acceptance_rate": 0.625,
+        "acceptance_histogram": [1, 2, 2, 1, 4],  # steps that accepted 0..4 tokens: 10 steps, 25 tokens
+    }
+    spec.update(changes)
+    return {"speculative_decoding": {key: value for key, value in spec.items() if value is not ...}}
+
+
+REPORT = {
+    "draft_tokens_proposed": 40,
+    "draft_tokens_accepted": 25,
+    "draft_accepted": 0.625,
+    "spec_steps": 10,
+    "spec_tokens": 4,
+    "mean_acceptance_length": 3.5,
+    "acceptance_histogram": [1, 2, 2, 1, 4],
+}
+
+
+def test_a_valid_report_is_read_into_the_stats_shape():
+    assert speculative_report(vllm_metrics()) == REPORT
+
+
+def test_the_acceptance_rate_is_computed_not_taken_from_the_engine():
+    report = speculative_report(vllm_metrics(num_draft_tokens=30, draft_acceptance_rate=0.9, num_spec_tokens=3))
+    assert report["draft_accepted"] == round(25 / 30, 4) == 0.8333
+    assert report["spec_tokens"] == 3
+
+
+def test_nothing_proposed_is_a_report_with_no_rate():
+    report = speculative_report(
+        vllm_metrics(
+            num_draft_tokens=0,
+            num_accepted_draft_tokens=0,
+            num_spec_steps=0,
+            mean_acceptance_length=1.0,
+            acceptance_histogram=[0, 0, 0, 0, 0],
+        )
+    )
+    assert report == {
+        "draft_tokens_proposed": 0,
+        "draft_tokens_accepted": 0,
+        "draft_accepted": None,
+        "spec_steps": 0,
+        "spec_tokens": 4,
+        "mean_acceptance_length": 1.0,
+        "acceptance_histogram": [0, 0, 0, 0, 0],
+    }
 
 
 @pytest.mark.parametrize(
-    ("speculative", "expected"),
+    "metrics",
     [
-        (
-            {"method": "ngram", "k": 5},
-            {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
-        ),
-        (
-            {"method": "ngram", "k": 3, "ngram_max": 6, "ngram_min": 1},
-            {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 6, "prompt_lookup_min": 1},
-        ),
-        (
-            {"method": "draft", "k": 4, "draft_model": "stand-in-0.5b"},
-            {"method": "draft_model", "num_speculative_tokens": 4, "model": "stand-in-0.5b"},
-        ),
-        ({"method": "off"}, None),
+        None,
+        {},
+        [],
+        "speculative_decoding",
+        {"speculative_decoding": None},
+        {"speculative_decoding": [40, 25]},
+        {"speculative_decoding": "40/25"},
+        {"other": {"num_draft_tokens": 40, "num_accepted_draft_tokens": 25}},
+        vllm_metrics(num_draft_tokens=...),
+        vllm_metrics(num_accepted_draft_tokens=...),
+        vllm_metrics(num_draft_tokens=None),
+        vllm_metrics(num_draft_tokens=-40),
+        vllm_metrics(num_accepted_draft_tokens=-1),
+        vllm_metrics(num_draft_tokens=True),
+        vllm_metrics(num_accepted_draft_tokens=False),
+        vllm_metrics(num_draft_tokens=40.0),
+        vllm_metrics(num_draft_tokens="40"),
+        vllm_metrics(num_accepted_draft_tokens=41),  # accepted > proposed
     ],
 )
-def test_speculative_settings_arrive_as_vllms_speculative_config(
-    endpoint, upstream_server, api_key, speculative, expected
-):
-    _, stats, error = run(endpoint, chat(speculative=speculative))
-    assert error is None and stats is not None
-    assert upstream_log(upstream_server, api_key)[0]["speculative_config"] == expected
+def test_a_missing_malformed_or_inconsistent_report_is_none_never_zeros(metrics):
+    assert speculative_report(metrics) is None
 
 
-def test_the_endpoints_extra_body_is_merged_and_the_route_wins(upstream_server, api_key):
-    extra = {"top_k": 20, "speculative_config": {"method": "eagle", "num_speculative_tokens": 2, "model": "e"}}
-    endpoint = RemoteEndpoint(upstream_server, api_key, "m", extra_body=extra)
+@pytest.mark.parametrize(
+    "histogram",
+    [
+        [1, 2, 2, 1, 3],  # 9 steps, not 10
+        [1, 2, 2, 1, 5],  # 11
+        [],
+        [1, 2, -2, 5, 4],
+        [1, 2, 2, 1, 4.0],
+        [True, 2, 2, 1, 4],
+        "1,2,2,1,4",
+        {"0": 1},
+        None,
+        ...,
+    ],
+)
+def test_a_histogram_that_is_not_the_steps_one_is_dropped_alone(histogram):
+    assert speculative_report(vllm_metrics(acceptance_histogram=histogram)) == {**REPORT, "acceptance_histogram": None}
 
-    run(endpoint, chat(speculative={"method": "ngram", "k": 6}))
-    run(endpoint, chat(speculative={"method": "off"}))
-    run(endpoint, chat())
 
-    merged, off, untouched = upstream_log(upstream_server, api_key)
-    assert merged["speculative_config"] == {
-        "method": "ngram",
-        "num_speculative_tokens": 6,
-        "model": "e",
-        "prompt_lookup_max": 4,
-        "prompt_lookup_min": 2,
+def test_without_a_step_count_the_histogram_is_kept_unchecked():
+    report = speculative_report(vllm_metrics(num_spec_steps=..., acceptance_histogram=[0, 1]))
+    assert (report["spec_steps"], report["acceptance_histogram"]) == (None, [0, 1])
+    assert speculative_report(vllm_metrics(num_spec_steps=-1))["spec_steps"] is None
+    assert speculative_report(vllm_metrics(num_spec_tokens=True))["spec_tokens"] is None
+
+
+@pytest.mark.parametrize("mean", [-1.0, True, "3.5", None, ...])
+def test_a_bad_mean_acceptance_length_is_none(mean):
+    assert speculative_report(vllm_metrics(mean_acceptance_length=mean)) == {**REPORT, "mean_acceptance_length": None}
+
+
+def test_the_mean_acceptance_length_is_rounded_and_an_integer_one_made_a_float():
+    assert speculative_report(vllm_metrics(mean_acceptance_length=3.456789))["mean_acceptance_length"] == 3.4568
+    three = speculative_report(vllm_metrics(mean_acceptance_length=3))["mean_acceptance_length"]
+    assert three == 3.0 and isinstance(three, float)
+
+
+def stats_with(speculative: dict | None) -> RemoteStats:
+    return RemoteStats(
+        prompt_tokens=12,
+        completion_tokens=30,
+        time_to_first_token_ms=41.23456,
+        total_ms=1500.0,
+        finish_reason="length",
+        usage_source="upstream",
+        model="tiny",
+        speculative=speculative,
+    )
+
+
+def test_stats_without_a_report_claim_no_draft_counts():
+    assert stats_with(None).as_dict() == {
+        "prompt_tokens": 12,
+        "completion_tokens": 30,
+        "time_to_first_token_ms": 41.23,
+        "tokens_per_s": 20.0,
+        "total_ms": 1500.0,
+        "finish_reason": "length",
+        "usage_source": "upstream",
+        "model": "tiny",
+        "speculative": None,
     }
-    assert merged["extra"]["top_k"] == 20
-    assert off["speculative_config"] is None and off["extra"] == {"top_k": 20}
-    assert untouched["speculative_config"] == extra["speculative_config"]
-    assert extra == {"top_k": 20, "speculative_config": {"method": "eagle", "num_speculative_tokens": 2, "model": "e"}}
+
+
+def test_stats_with_a_report_carry_it_and_its_draft_counts_at_the_top():
+    summary = stats_with(dict(REPORT)).as_dict()
+    assert summary == {
+        "prompt_tokens": 12,
+        "completion_tokens": 30,
+        "time_to_first_token_ms": 41.23,
+        "tokens_per_s": 20.0,
+        "total_ms": 1500.0,
+        "finish_reason": "length",
+        "usage_source": "upstream",
+        "model": "tiny",
+        "draft_tokens_proposed": 40,
+        "draft_tokens_accepted": 25,
+        "speculative": REPORT,
+    }
+    assert list(summary)[-3:] == ["draft_tokens_proposed", "draft_tokens_accepted", "speculative"]
+    # Nothing proposed is still a report: zeros that were measured.
+    zero = stats_with({**REPORT, "draft_tokens_proposed": 0, "draft_tokens_accepted": 0}).as_dict()
+    assert (zero["draft_tokens_proposed"], zero["draft_tokens_accepted"]) == (0, 0)
 
 
 # --------------------------------------------------------------------------- faults
@@ -344,18 +526,16 @@ def test_retry_after_accepts_milliseconds_seconds_and_http_dates():
         ({}, {"top_p": 0.0}, "top_p"),
         ({}, {"top_p": 1.5}, "top_p"),
         ({}, {"max_tokens": 0}, "max_tokens"),
-        ({}, {"speculative": {"method": "ngram", "k": 0}}, "speculative.k"),
-        ({}, {"speculative": {"method": "ngram", "k": 17}}, "speculative.k"),
-        ({}, {"speculative": {"method": "medusa"}}, "speculative.method"),
-        ({}, {"speculative": {"method": "both"}}, "speculative.method"),
-        ({}, {"speculative": {"method": "draft"}}, "speculative.draft_model"),
-        ({}, {"speculative": {"method": "ngram", "lookahead": 3}}, "speculative.lookahead"),
         ({}, {"messages": []}, "messages"),
         ({}, {"stop": "###"}, "stop"),
         ({}, {"messages": [{"content": "no role"}]}, "messages[0]"),
         ({"base_url": "ftp://example.com/v1"}, {}, "base_url"),
         ({"api_key": ""}, {}, "api_key"),
         ({"total_timeout_s": 0}, {}, "total_timeout_s"),
+        ({"model": ""}, {}, "model"),
+        ({"extra_body": ["speculative_config"]}, {}, "extra_body"),
+        ({}, {"seed": 1.5}, "seed"),
+        ({}, {"temperature": True}, "temperature"),
     ],
 )
 def test_validation_names_the_field_and_makes_no_request(
@@ -373,50 +553,56 @@ def test_validation_names_the_field_and_makes_no_request(
 # --------------------------------------------------------------------------- the task, in this process
 
 
-def _events(request_id: str) -> list[tuple[str, dict]]:
-    return [(kind, data) for _, kind, data in stream_read(request_id, block_ms=30000)]
+def upstream_route(upstream_server: str, **fields):
+    """A route on the stand-in, its provider's one key: (route, secret)."""
+    provider = routing_helpers.provider_make(upstream_server, **fields)
+    _, secret = routing_helpers.key_make(provider)
+    return routing_helpers.route_make(provider), secret
 
 
-def _payload(upstream_server: str, api_key: str, **fields) -> dict:
-    return {"base_url": upstream_server, "api_key": api_key, "model": "stand-in-7b", "prompt": PROMPT, **fields}
-
-
-def test_the_task_writes_deltas_then_stats(upstream_server, api_key):
+@pytest.mark.django_db(transaction=True)
+def test_the_task_writes_deltas_then_stats(upstream_server):
+    route, secret = upstream_route(upstream_server)
     request_id = uuid.uuid4().hex
-    payload = _payload(upstream_server, api_key, speculative={"method": "ngram", "k": 2}, stop="zzz")
-    result = generate_remote(request_id, payload)
-    events = _events(request_id)
-    assert [kind for kind, _ in events] == ["delta"] * len(WORDS) + ["stats"]
-    assert "".join(data["text"] for kind, data in events if kind == "delta") == REPLY
-    assert events[-1][1] == result
-    assert result["usage_source"] == "upstream" and result["completion_tokens"] == len(WORDS)
-    [seen] = upstream_log(upstream_server, api_key)
-    assert seen["speculative_config"]["num_speculative_tokens"] == 2
-    assert seen["stop"] == ["zzz"]
+    result = generate_routed.run(request_id, routing_helpers.payload(route, PROMPT, stop=["zzz"], seed=3))
+    events = routing_helpers.events_of(request_id)
+    assert routing_helpers.kinds(events) == ["delta"] * len(WORDS) + ["stats"]
+    assert routing_helpers.deltas(events) == WORDS
+    assert events[-1][1] == {**result["stats"], "attempts": 1}
+    assert (result["status"], result["text"], result["route"], result["attempts"]) == ("ok", REPLY, route.name, 1)
+    assert result["stats"]["usage_source"] == "upstream" and result["stats"]["completion_tokens"] == len(WORDS)
+    [seen] = upstream_log(upstream_server, secret)
+    assert (seen["stop"], seen["seed"], seen["speculative_config"], seen["extra"]) == (["zzz"], 3, None, {})
 
 
-def test_the_task_reports_refused_requests_and_upstream_errors(upstream_server, api_key):
+@pytest.mark.django_db(transaction=True)
+def test_the_task_reports_refused_requests_and_upstream_errors(upstream_server):
+    route, secret = upstream_route(upstream_server)
     refused = uuid.uuid4().hex
-    generate_remote(refused, _payload(upstream_server, api_key, top_p=0))
-    [(kind, data)] = _events(refused)
-    assert (kind, data["field"]) == ("error", "top_p")
-    assert upstream_log(upstream_server, api_key) == []
+    result = generate_routed.run(refused, routing_helpers.payload(route, PROMPT, top_p=0))
+    [(kind, data)] = routing_helpers.events_of(refused)
+    assert (kind, data["field"], data["kind"], data["retryable"]) == ("error", "top_p", "invalid_request", False)
+    assert result["status"] == "error" and result["error"]["field"] == "top_p"
+    assert upstream_log(upstream_server, secret) == []
 
-    upstream_script(upstream_server, api_key, [{"cut_after_tokens": 3}])
+    upstream_script(upstream_server, secret, [{"cut_after_tokens": 3}])
     cut = uuid.uuid4().hex
-    result = generate_remote(cut, _payload(upstream_server, api_key))
-    events = _events(cut)
-    assert [kind for kind, _ in events] == ["delta", "delta", "delta", "error"]
+    result = generate_routed.run(cut, routing_helpers.payload(route, PROMPT))
+    events = routing_helpers.events_of(cut)
+    assert routing_helpers.kinds(events) == ["delta", "delta", "delta", "error"]
     error = events[-1][1]
-    assert {key: error[key] for key in ("field", "kind", "status", "retry_after_s", "tokens_sent", "retryable")} == {
+    assert {key: error[key] for key in ("field", "kind", "status", "retry_after_s", "tokens_sent", "attempts")} == {
         "field": None,
         "kind": "broken_stream",
         "status": None,
         "retry_after_s": None,
         "tokens_sent": 3,
-        "retryable": True,
+        "attempts": 1,
     }
-    assert api_key not in error["message"] and api_key not in repr(result)
+    # Tokens had reached the stream: a restart would repeat them, so the request ends here.
+    assert error["retryable"] is False and "not retried" in error["message"]
+    assert secret not in error["message"] and secret not in repr(result)
+    assert [entry["outcome"] for entry in upstream_log(upstream_server, secret)] == ["cut after 3 tokens"]
 
 
 def test_sending_the_task_keeps_the_payload_out_of_argsrepr(monkeypatch, api_key):
@@ -424,7 +610,7 @@ def test_sending_the_task_keeps_the_payload_out_of_argsrepr(monkeypatch, api_key
 
     sent = {}
     monkeypatch.setattr(Task, "apply_async", lambda self, args=None, kwargs=None, **options: sent.update(options))
-    generate_remote.delay("r1", {"api_key": api_key})
+    generate_routed.delay("r1", {"messages": [{"role": "user", "content": api_key}]})
     assert sent["argsrepr"] == "('r1', '<payload withheld>')"
 
 
@@ -432,35 +618,45 @@ def test_sending_the_task_keeps_the_payload_out_of_argsrepr(monkeypatch, api_key
 
 
 @pytest.mark.slow
-def test_requests_stream_through_a_remote_worker_with_threads(start_worker, upstream_server, api_key):
-    slow_key, fault_key = f"{api_key}-slow", f"{api_key}-fault"
+@pytest.mark.django_db(transaction=True)
+def test_requests_stream_through_a_remote_worker_with_threads(start_worker, upstream_server):
+    from inference import router
+
+    (slow, slow_key), (fast, fast_key), (faulted, fault_key) = (upstream_route(upstream_server) for _ in range(3))
     upstream_script(upstream_server, slow_key, [{"token_delay_ms": 250}])
-    upstream_script(upstream_server, fault_key, [{"status": 429, "retry_after_ms": 1500}])
+    upstream_script(upstream_server, fault_key, [{"status": 400}])
+    messages = [{"role": "user", "content": PROMPT}]
     with start_worker(["remote"], pool="threads", concurrency=4) as worker:
-        slow, fast, faulted = (uuid.uuid4().hex for _ in range(3))
-        generate_remote.delay(slow, _payload(upstream_server, slow_key))
-        generate_remote.delay(fast, _payload(upstream_server, api_key))
-        generate_remote.delay(faulted, _payload(upstream_server, fault_key))
-        fast_events = _events(fast)
-        faulted_events = _events(faulted)
-        slow_events = _events(slow)
+        plans = [router.plan(route_name=route.name, client_id="tests") for route in (slow, fast, faulted)]
+        for plan in plans:
+            router.submit(plan, messages=messages)
+        slow_events, fast_events, faulted_events = (
+            routing_helpers.events_of(plan.request_id, block_ms=60000) for plan in plans
+        )
+        rows = [routing_helpers.ledger_row(plan.request_id) for plan in plans]
         log = worker.log()
 
     for events in (fast_events, slow_events):
-        assert [kind for kind, _ in events] == ["delta"] * len(WORDS) + ["stats"]
-        assert "".join(data["text"] for kind, data in events if kind == "delta") == REPLY
+        assert routing_helpers.kinds(events) == ["delta"] * len(WORDS) + ["stats"]
+        assert "".join(routing_helpers.deltas(events)) == REPLY
         assert events[-1][1]["completion_tokens"] == len(WORDS)
     [(kind, error)] = faulted_events
-    assert (kind, error["kind"], error["status"], error["retry_after_s"], error["tokens_sent"]) == (
+    assert (kind, error["kind"], error["status"], error["tokens_sent"], error["retryable"]) == (
         "error",
-        "rate_limited",
-        429,
-        1.5,
+        "bad_request",
+        400,
         0,
+        False,
     )
+    assert [(row.status, row.error_class, row.attempts) for row in rows] == [
+        ("ok", "", 1),
+        ("ok", "", 1),
+        ("error", "bad_request", 1),
+    ]
     # Threads: the quick request finished while the slow one (about 3.5 s of tokens) still ran.
     [slow_seen] = upstream_log(upstream_server, slow_key)
-    [fast_seen] = upstream_log(upstream_server, api_key)
+    [fast_seen] = upstream_log(upstream_server, fast_key)
     assert fast_seen["finished"] < slow_seen["finished"]
-    assert "inference.tasks.generate_remote" in log
-    assert api_key not in log
+    assert "inference.tasks.generate_routed" in log
+    for secret in (slow_key, fast_key, fault_key):
+        assert secret not in log

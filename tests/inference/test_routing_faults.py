@@ -2,21 +2,27 @@
 
 Most tests run ``run_routed`` (the body of ``generate_routed``) in this process with
 faults scripted per API key; the last ones go through real worker processes (``remote``
-with threads, and ``gpu`` for a hand-over to a local route). Assertions are on what the
-stand-in received, the stream's events and the ledger; times only as generous bounds.
+and ``gpu``, both threads) and a GPU pool whose device is a real engine server (our engine
+behind the OpenAI protocol, ``python -m inference.engine.server``): hand-overs both ways
+between an upstream's route and the pool's. Assertions are on what the stand-in and the
+engine received, the stream's events and the ledger; times only as generous bounds.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import urllib.request
 import uuid
 from decimal import Decimal
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from billing.models import UsageRecord
-from inference import canary, router
+from inference import canary, pool, router
+from inference.engine import GenerationRequest, GenerationStats, SpeculativeConfig, generate
+from inference.engine.models import models_load
 from inference.execution import run_routed
 from inference.models import CanaryRelease, Provider, Route, UpstreamKey
 from inference.streams import StreamWriter, stream_key
@@ -34,6 +40,7 @@ from tests.inference.routing_helpers import (
     routed,
     unique,
 )
+from tests.inference.test_pool_selection import closed_device, engine_serving
 from tests.inference.tiny_models import tiny_model_save
 from tests.upstream_server import upstream_log, upstream_script
 
@@ -260,7 +267,11 @@ def test_a_local_fallback_is_handed_over_to_the_gpu_queue(upstream_server, quick
     primary = provider_make(upstream_server)
     _, secret = key_make(primary)
     upstream_script(upstream_server, secret, [{"status": 500, "repeat": True}])
-    local = route_make(Provider.objects.create(name=unique("pool"), kind=Provider.Kind.LOCAL, model="tiny"))
+    local = route_make(
+        Provider.objects.create(
+            name=unique("pool"), kind=Provider.Kind.LOCAL, devices=["http://127.0.0.1:9/v1"], model="tiny"
+        )
+    )
     route = route_make(primary, fallbacks=(local,))
     request_id = uuid.uuid4().hex
 
@@ -355,38 +366,149 @@ def test_requests_fail_over_between_keys_through_a_remote_worker(start_worker, u
     assert back_in - 1 <= refused.value.retry_after_s <= back_in
 
 
+POOL_MODEL = "tiny-pool"
+POOL_PROMPT = "the wing flow of the shock wave"
+
+
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama-routing")
-    return tiny_model_save(path, 1)
+def pool_engine(tmp_path_factory) -> dict:
+    """One engine server speculating with n-grams (k=4) for a tiny model, as a pool device,
+    and the engine's own greedy pieces for ``POOL_PROMPT`` (computed here: the exact reference)."""
+    folder = tmp_path_factory.mktemp("routing-pool")
+    model = tiny_model_save(folder / "model", 1)
+    models = models_load(model, dtype="float32")
+    request = GenerationRequest(
+        prompt_ids=models.tokenizer.encode(POOL_PROMPT),  # no chat template: the contents, as the server does
+        max_tokens=6,
+        speculative=SpeculativeConfig(method="ngram", k=4),
+    )
+    pieces = list(generate(request, target=models.target, tokenizer=models.tokenizer))
+    with engine_serving(model, folder / "engine.log", "--speculative", "ngram", "--k", "4", name=POOL_MODEL) as url:
+        yield {"url": url, "pieces": [piece for piece in pieces[:-1] if piece], "stats": pieces[-1]}
+
+
+def pool_make(*devices: str) -> Provider:
+    return Provider.objects.create(
+        name=unique("pool"),
+        kind=Provider.Kind.LOCAL,
+        devices=list(devices),
+        model=POOL_MODEL,
+        speculative_method="ngram",
+        speculative_k=4,
+        connect_timeout_s=2,
+        first_token_timeout_s=30,
+        total_timeout_s=60,
+    )
+
+
+def engine_counter(url: str, name: str) -> float:
+    with urllib.request.urlopen(f"{pool.server_root(url)}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == name
+        for sample in family.samples
+    )
+
+
+def test_a_pool_serves_from_its_device_that_answers_and_reports_the_engines_speculation(pool_engine):
+    device = pool_engine["url"]
+    route = route_make(pool_make(closed_device(), device))
+    proposed_before = engine_counter(device, "vllm:spec_decode_num_draft_tokens")
+
+    result, events, usage = routed(route, POOL_PROMPT, max_tokens=6)
+
+    assert isinstance(pool_engine["stats"], GenerationStats)
+    assert result["status"] == "ok" and result["attempts"] == 1  # the closed device was passed over
+    assert kinds(events) == ["delta"] * len(pool_engine["pieces"]) + ["stats"]
+    assert deltas(events) == pool_engine["pieces"]
+    stats = events[-1][1]
+    assert (stats["completion_tokens"], stats["finish_reason"], stats["usage_source"], stats["model"]) == (
+        6,
+        "length",
+        "upstream",
+        POOL_MODEL,
+    )
+    spec = stats["speculative"]
+    assert spec["draft_tokens_proposed"] == engine_counter(device, "vllm:spec_decode_num_draft_tokens") - proposed_before
+    assert (spec["spec_tokens"], len(spec["acceptance_histogram"]), sum(spec["acceptance_histogram"])) == (
+        4,
+        5,
+        spec["spec_steps"],
+    )
+    assert (stats["draft_tokens_proposed"], stats["draft_tokens_accepted"]) == (
+        spec["draft_tokens_proposed"],
+        spec["draft_tokens_accepted"],
+    )
+    assert (usage.status, usage.attempts, usage.upstream_key_id, usage.usage_source, usage.completion_tokens) == (
+        "ok",
+        1,
+        None,
+        "upstream",
+        6,
+    )
+    assert (usage.draft_tokens_proposed, usage.draft_tokens_accepted) == (
+        spec["draft_tokens_proposed"],
+        spec["draft_tokens_accepted"],
+    )
 
 
 @pytest.mark.slow
-def test_a_hand_over_to_a_local_route_ends_on_the_gpu_worker_with_one_ledger_row(
-    start_worker, upstream_server, tiny_model_dir
+def test_hand_overs_between_an_upstream_and_a_pool_end_on_the_other_worker_with_one_ledger_row(
+    start_worker, upstream_server, pool_engine
 ):
+    # An upstream that fails, falling back to the pool (remote -> gpu).
     primary = provider_make(upstream_server)
     key, secret = key_make(primary)
     upstream_script(upstream_server, secret, [{"status": 500, "repeat": True}])
-    pool = Provider.objects.create(name=unique("pool"), kind=Provider.Kind.LOCAL, model=tiny_model_dir)
-    local = route_make(pool)
-    route = route_make(primary, fallbacks=(local,))
-    plan = router.plan(route_name=route.name, client_id="someone")
+    local = route_make(pool_make(pool_engine["url"]))
+    to_pool = route_make(primary, fallbacks=(local,))
+    # A pool whose one device is down, falling back to a healthy upstream (gpu -> remote).
+    backup = provider_make(upstream_server)
+    backup_key, backup_secret = key_make(backup)
+    upstream = route_make(backup)
+    dark = route_make(pool_make(closed_device()), fallbacks=(upstream,))
+    messages = [{"role": "user", "content": POOL_PROMPT}]
+    to_pool_plan = router.plan(route_name=to_pool.name, client_id="someone")
+    to_upstream_plan = router.plan(route_name=dark.name, client_id="someone")
 
-    with start_worker(["remote"], pool="threads", concurrency=2) as remote, start_worker(["gpu"]) as gpu:
-        router.submit(plan, messages=[{"role": "user", "content": "the wing flow of the shock wave"}], max_tokens=6)
-        events = events_of(plan.request_id, block_ms=120000)
-        row = ledger_row(plan.request_id)
+    with (
+        start_worker(["remote"], pool="threads", concurrency=2) as remote,
+        start_worker(["gpu"], pool="threads", concurrency=4) as gpu,
+    ):
+        router.submit(to_pool_plan, messages=messages, max_tokens=6)
+        router.submit(to_upstream_plan, messages=[{"role": "user", "content": f"REPLY: {REPLY}"}])
+        to_pool_events = events_of(to_pool_plan.request_id, block_ms=120000)
+        to_upstream_events = events_of(to_upstream_plan.request_id, block_ms=120000)
+        to_pool_row = ledger_row(to_pool_plan.request_id)
+        to_upstream_row = ledger_row(to_upstream_plan.request_id)
         logs = remote.log() + gpu.log()
 
-    assert kinds(events) == ["retry"] + ["delta"] * 6 + ["stats"]
-    retry = events[0][1]
+    assert kinds(to_pool_events) == ["retry"] + ["delta"] * len(pool_engine["pieces"]) + ["stats"]
+    assert deltas(to_pool_events) == pool_engine["pieces"]
+    retry = to_pool_events[0][1]
     assert (retry["attempt"], retry["kind"], retry["route"]) == (1, "server_error", local.name)
-    assert events[-1][1]["attempts"] == 2 and events[-1][1]["completion_tokens"] == 6
+    assert to_pool_events[-1][1]["attempts"] == 2 and to_pool_events[-1][1]["completion_tokens"] == 6
     assert len(upstream_log(upstream_server, secret)) == 1
-    assert (row.status, row.attempts, row.route_id, row.upstream_key_id) == ("ok", 2, local.id, None)
-    assert row.completion_tokens == 6 and row.usage_source == "engine"
-    assert UsageRecord.objects.filter(request_id=plan.request_id).count() == 1
-    assert "interrupted" not in logs and secret not in logs
+    assert (to_pool_row.status, to_pool_row.attempts, to_pool_row.route_id, to_pool_row.upstream_key_id) == (
+        "ok",
+        2,
+        local.id,
+        None,
+    )
+    assert to_pool_row.completion_tokens == 6 and to_pool_row.usage_source == "upstream"
     key.refresh_from_db()
     assert key.failure_count == 1
+
+    assert kinds(to_upstream_events) == ["retry"] + ["delta"] * len(WORDS) + ["stats"]
+    assert "".join(deltas(to_upstream_events)) == REPLY
+    retry = to_upstream_events[0][1]
+    assert (retry["attempt"], retry["kind"], retry["route"]) == (1, "connection", upstream.name)
+    assert (to_upstream_row.status, to_upstream_row.attempts, to_upstream_row.route_id) == ("ok", 2, upstream.id)
+    assert to_upstream_row.upstream_key_id == backup_key.id
+    assert len(upstream_log(upstream_server, backup_secret)) == 1
+
+    for request_id in (to_pool_plan.request_id, to_upstream_plan.request_id):
+        assert UsageRecord.objects.filter(request_id=request_id).count() == 1
+    assert "interrupted" not in logs and secret not in logs and backup_secret not in logs

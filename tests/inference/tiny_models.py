@@ -15,7 +15,11 @@ WORDS = [
 SPECIALS = ["<unk>", "<s>", "</s>"]
 # The messages' contents, blank-line joined: what an OpenAI-protocol server (vLLM) needs to
 # serve chat completions from a tokenizer that has no template of its own.
-CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% if not loop.last %}\n\n{% endif %}{% endfor %}"
+# (The separator is a Jinja string: chat templates are rendered with trim_blocks, which would
+# eat a newline written right after a block tag.)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['content'] }}{% if not loop.last %}{{ '\\n\\n' }}{% endif %}{% endfor %}"
+)
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:

@@ -51,9 +51,7 @@ def label_values(samples: dict, name: str, label: str) -> set[str]:
     return {dict(key)[label] for key in samples.get(name, {})}
 
 
-def test_metrics_of_every_process_after_real_traffic(start_web, start_worker, upstream_server, tmp_path):
-    from tests.inference.tiny_models import tiny_model_save
-
+def test_metrics_of_every_process_after_real_traffic(start_web, start_worker, upstream_server, tmp_path, draft_pool):
     workspace = workspace_create(name="Metrics", slug=f"metrics-{uuid.uuid4().hex[:6]}")
     collection = collection_create(workspace=workspace, name="Handbook")
     # The seeded price of the local pool (billing 0003), gone if an earlier transactional test flushed the tables.
@@ -62,12 +60,10 @@ def test_metrics_of_every_process_after_real_traffic(start_web, start_worker, up
             model="local", input_usd_per_million=Decimal("0.02"), output_usd_per_million=Decimal("0.10")
         )
 
-    # The local engine, its draft identical to its target: greedy proposals are all accepted.
-    target = tiny_model_save(tmp_path / "target", seed=1)
-    pool = Provider.objects.create(
-        name="pool", kind=Provider.Kind.LOCAL, model=target, draft_model=tiny_model_save(tmp_path / "draft", seed=1),
-        context_window=512, speculative_method=Provider.Speculative.DRAFT, speculative_k=3,
-    )  # fmt: skip
+    # A GPU pool whose vLLM drafts with the target itself: greedy proposals are all accepted.
+    target = draft_pool.model
+    pool = Provider.objects.create(name="pool", **draft_pool.provider_fields())
+    engine_before = draft_pool.counters()
     pool_route = Route.objects.create(name="pool", provider=pool, max_tokens=12)
     # A remote route whose only key gets one 500: the request fails over to a second upstream.
     failing = provider_make(upstream_server)
@@ -122,6 +118,7 @@ def test_metrics_of_every_process_after_real_traffic(start_web, start_worker, up
             if done or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
+    engine_moved = {key: count - engine_before.get(key, 0.0) for key, count in draft_pool.counters().items()}
 
     assert response.headers["content-type"].startswith("text/plain; version=")
     # HTTP: by URL pattern, never by raw path.
@@ -153,16 +150,22 @@ def test_metrics_of_every_process_after_real_traffic(start_web, start_worker, up
         assert value(samples, "ragsite_generation_tokens_total", route=route, arm=arm, kind="prompt") > 0
         assert value(samples, "ragsite_generation_tokens_total", route=route, arm=arm, kind="completion") > 0
     assert value(samples, "ragsite_generation_tokens_total", route="pool", arm="stable", kind="completion") == 12
-    # Speculative decoding under vLLM's names: an identical draft has every proposal accepted.
+    # Speculative decoding under vLLM's names, from the engine's per-request figures: the
+    # engine's own counters moved by as much, and an identical draft has every proposal accepted.
     drafts = value(samples, "vllm:spec_decode_num_drafts_total", model_name=target)
     proposed = value(samples, "vllm:spec_decode_num_draft_tokens_total", model_name=target)
     accepted = value(samples, "vllm:spec_decode_num_accepted_tokens_total", model_name=target)
     assert drafts > 0 and proposed > 0 and accepted == proposed
+    assert drafts == engine_moved["vllm:spec_decode_num_drafts_total"]
+    assert proposed == engine_moved["vllm:spec_decode_num_draft_tokens_total"]
+    assert accepted == engine_moved["vllm:spec_decode_num_accepted_tokens_total"]
     per_position = {
         dict(key)["position"]: count
         for key, count in samples["vllm:spec_decode_num_accepted_tokens_per_pos_total"].items()
     }
-    assert set(per_position) == {"0", "1", "2"} and sum(per_position.values()) == accepted
+    assert set(per_position) == {"0", "1", "2", "3"} and sum(per_position.values()) == accepted
+    assert all(count == engine_moved[f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{position}]"]
+               for position, count in per_position.items())  # fmt: skip
 
     # Routing: one retry and one failover away from the failing route; keys per provider and state.
     assert samples["ragsite_router_retries_total"] == {(("route", remote.name),): 1.0}

@@ -20,9 +20,12 @@ def test_queues_are_declared_in_one_enum():
     [
         ("search.tasks.document_ingest", "ingest"),
         ("inference.tasks.generate", "gpu"),
-        ("inference.tasks.generate_local", "gpu"),
+        # The one generation task: gpu by its module's pattern; router.submit names the queue
+        # (remote for an upstream's route), which takes precedence over the pattern.
+        ("inference.tasks.generate_routed", "gpu"),
         # Listed before the inference.tasks.* pattern, so it wins.
-        ("inference.tasks.generate_remote", "remote"),
+        ("inference.tasks.canary_analyse", "default"),
+        ("search.tasks.answer_finalize", "default"),
         ("ragsite.tasks.ping", "default"),
         ("billing.tasks.usage_rollup", "default"),
     ],
@@ -30,6 +33,17 @@ def test_queues_are_declared_in_one_enum():
 def test_tasks_are_routed_by_module(task_name, queue):
     route = app.amqp.router.route({}, task_name)
     assert route["queue"].name == queue
+
+
+def test_the_generation_tasks_are_generate_routed_alone():
+    app.loader.import_default_modules()
+    generation = sorted(name for name in app.tasks if name.startswith("inference.tasks."))
+    assert generation == ["inference.tasks.canary_analyse", "inference.tasks.generate_routed"]
+
+
+def test_a_named_queue_wins_over_the_pattern():
+    route = app.amqp.router.route({"queue": "remote"}, "inference.tasks.generate_routed")
+    assert route["queue"].name == "remote"
 
 
 def test_serialization_is_json_only_and_long_tasks_survive_a_lost_worker():

@@ -1,8 +1,29 @@
-"""/healthz is liveness only; /readyz reports the database, Redis and a worker for each queue."""
+"""/healthz is liveness only; /readyz reports the database, Redis, a worker for each queue,
+and each enabled GPU pool's devices (ready with at least one engine server answering)."""
 
 import pytest
 
+from inference.models import Provider
+from inference.pool import device_health
+from ragsite.health import readiness_summary
+from tests.inference.test_pool_selection import closed_device, engine_serving
+from tests.inference.tiny_models import tiny_model_save
+
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="module")
+def engine_device(tmp_path_factory) -> str:
+    """A real engine server (our engine behind the OpenAI protocol): a device that answers /health."""
+    folder = tmp_path_factory.mktemp("health-engine")
+    with engine_serving(tiny_model_save(folder / "model", 1), folder / "engine.log") as url:
+        yield url
+
+
+def pool_make(name: str, *devices: str, enabled: bool = True) -> Provider:
+    return Provider.objects.create(
+        name=name, kind=Provider.Kind.LOCAL, devices=list(devices), model="tiny-pool", enabled=enabled
+    )
 
 
 def test_healthz_answers_without_touching_dependencies(client, django_assert_num_queries):
@@ -26,12 +47,53 @@ def test_readyz_is_not_ready_without_workers(client):
         "remote": {"ok": False, "workers": []},
         "default": {"ok": False, "workers": []},
     }
+    assert body["checks"]["pools"] == {}
 
 
-def test_readyz_follows_the_workers(client, start_worker):
+def test_a_pool_whose_device_does_not_answer_is_not_ready_and_named(engine_device):
+    closed = closed_device()
+    reason = device_health(closed)
+    assert reason.startswith("ConnectError")
+    pool_make("dark-pool", closed)
+    pool_make("half-pool", engine_device, closed)
+    pool_make("lit-pool", engine_device)
+    pool_make("off-pool", closed, enabled=False)
+    Provider.objects.create(
+        name="upstream", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url=closed, model="tiny-pool"
+    )
+
+    pools = readiness_summary()["checks"]["pools"]
+
+    # A disabled pool and an upstream are not pools to wait for.
+    assert list(pools) == ["dark-pool", "half-pool", "lit-pool"]
+    assert pools["dark-pool"] == {
+        "ok": False,
+        "devices": {closed: {"ok": False, "error": reason}},
+        "not_ready": f"device not ready: {closed} ({reason})",
+    }
+    # One device answering is enough to serve; the other is still named.
+    assert pools["half-pool"] == {
+        "ok": True,
+        "devices": {engine_device: {"ok": True}, closed: {"ok": False, "error": reason}},
+        "not_ready": f"device not ready: {closed} ({reason})",
+    }
+    assert pools["lit-pool"] == {"ok": True, "devices": {engine_device: {"ok": True}}}
+
+
+def test_every_device_not_ready_is_named(engine_device):
+    first, second = closed_device(), closed_device()
+    pool_make("dark-pool", first, second)
+    [entry] = readiness_summary()["checks"]["pools"].values()
+    assert entry["ok"] is False
+    assert entry["not_ready"] == (
+        f"devices not ready: {first} ({device_health(first)}); {second} ({device_health(second)})"
+    )
+
+
+def test_readyz_follows_the_workers_and_the_pools(client, start_worker, engine_device):
     with (
         start_worker(["ingest", "default"]) as cpu_worker,
-        start_worker(["gpu"]) as gpu_worker,
+        start_worker(["gpu"], pool="threads", concurrency=4) as gpu_worker,
         start_worker(["remote"], pool="threads", concurrency=2) as remote_worker,
     ):
         ready = client.get("/readyz")
@@ -45,6 +107,33 @@ def test_readyz_follows_the_workers(client, start_worker):
             "remote": {"ok": True, "workers": [remote_worker.name]},
             "default": {"ok": True, "workers": [cpu_worker.name]},
         }
+        assert body["checks"]["pools"] == {}
+
+        # An enabled pool none of whose devices answers: not ready, for that reason alone.
+        closed = closed_device()
+        dark = pool_make("dark-pool", closed)
+        pooled = client.get("/readyz")
+        assert pooled.status_code == 503
+        body = pooled.json()
+        assert body["status"] == "not ready"
+        assert all(entry["ok"] for entry in body["checks"]["queues"].values())
+        assert body["checks"]["pools"] == {
+            "dark-pool": {
+                "ok": False,
+                "devices": {closed: {"ok": False, "error": device_health(closed)}},
+                "not_ready": f"device not ready: {closed} ({device_health(closed)})",
+            }
+        }
+        # A device comes up: ready, the other still named.
+        Provider.objects.filter(pk=dark.pk).update(devices=[closed, engine_device])
+        lit = client.get("/readyz")
+        assert lit.status_code == 200, lit.json()
+        assert lit.json()["checks"]["pools"]["dark-pool"]["ok"] is True
+        # Disabled, it is not waited for.
+        Provider.objects.filter(pk=dark.pk).update(devices=[closed], enabled=False)
+        unlisted = client.get("/readyz")
+        assert unlisted.status_code == 200 and unlisted.json()["checks"]["pools"] == {}
+
         assert gpu_worker.stop() == 0
 
         degraded = client.get("/readyz")

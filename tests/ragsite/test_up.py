@@ -3,11 +3,16 @@
 The whole system starts with no DATABASE_URL or REDIS_URL: embedded PostgreSQL and
 Redis, migrations, the demo corpus, uvicorn, workers for every queue and beat. Ctrl-C
 stops all of it, and a second run finds the first run's data.
+
+Then what ``up`` builds for the GPU pool, without starting it: one threads worker for the
+gpu queue, and with ``GPU_POOL_MODEL`` one vLLM server per ``GPU_DEVICES`` entry (their
+commands and environments checked, none run) and the pool registered as a provider.
 """
 
 from __future__ import annotations
 
 import http.cookiejar
+import io
 import json
 import os
 import signal
@@ -21,10 +26,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from tests.conftest import PROJECT_ROOT
-
-pytestmark = pytest.mark.slow
 
 
 def _free_port() -> int:
@@ -109,6 +114,7 @@ def _admin_login(base: str, username: str, password: str) -> str:
         return response.geturl()
 
 
+@pytest.mark.slow
 def test_up_runs_the_whole_system_and_a_second_run_keeps_the_data(tmp_path):
     var_dir = tmp_path / "var"
     first = System(var_dir, tmp_path / "first.log")
@@ -157,21 +163,203 @@ def test_up_runs_the_whole_system_and_a_second_run_keeps_the_data(tmp_path):
         assert second.interrupt() == 0, second.log()[-5000:]
 
 
-def test_each_listed_gpu_gets_a_worker_that_sees_only_that_device(settings):
+def gpu_argv(concurrency: int) -> list[str]:
+    return [
+        *("python", "-m", "celery", "-A", "ragsite", "worker", "-Q", "gpu", "-n", "gpu@%h"),
+        *("--pool", "threads", "-c", str(concurrency), "--loglevel", "INFO", "--without-gossip", "--without-mingle"),
+    ]
+
+
+def test_the_gpu_queue_gets_one_threads_worker_whatever_the_devices(settings):
+    """The worker only streams from the devices' engine servers, which batch: one process of
+    threads, whatever GPU_DEVICES lists, and it sees every device (no CUDA_VISIBLE_DEVICES)."""
     from ragsite.management.commands.up import Command
 
     settings.GPU_DEVICES = ["0", "3"]
-    children = Command()._gpu_children("python", {"gpu_workers": 4})
-    assert [child.name for child in children] == ["gpu0", "gpu3"]
-    assert [child.env for child in children] == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "3"}]
-    for child, device in zip(children, ["0", "3"], strict=True):
-        argv = child.argv
-        assert argv[argv.index("-Q") + 1] == "gpu"
-        assert argv[argv.index("-n") + 1] == f"gpu{device}@%h"
-        assert argv[argv.index("-c") + 1] == "1"
-        assert argv[argv.index("--prefetch-multiplier") + 1] == "1"
+    settings.GPU_WORKER_CONCURRENCY = 64
+    [gpu] = Command()._gpu_children("python", {"gpu_concurrency": None})
+    assert (gpu.name, gpu.env, gpu.argv) == ("gpu", {}, gpu_argv(64))
+
+    [gpu] = Command()._gpu_children("python", {"gpu_concurrency": 8})  # --gpu-concurrency wins
+    assert gpu.argv == gpu_argv(8)
 
     settings.GPU_DEVICES = []
-    [cpu] = Command()._gpu_children("python", {"gpu_workers": 2})
-    assert cpu.name == "gpu" and cpu.env == {}
-    assert cpu.argv[cpu.argv.index("-c") + 1] == "2"
+    settings.GPU_WORKER_CONCURRENCY = 12
+    [gpu] = Command()._gpu_children("python", {})
+    assert (gpu.name, gpu.env, gpu.argv) == ("gpu", {}, gpu_argv(12))
+
+
+def test_gpu_concurrency_replaced_gpu_workers():
+    from ragsite.management.commands.up import Command
+
+    parser = Command().create_parser("manage.py", "up")
+    assert parser.parse_args(["--gpu-concurrency", "8"]).gpu_concurrency == 8
+    assert parser.parse_args([]).gpu_concurrency is None
+    with pytest.raises(CommandError, match="unrecognized arguments: --gpu-workers 4"):
+        parser.parse_args(["--gpu-workers", "4"])
+
+
+@pytest.fixture
+def pool_settings(settings):
+    """A pool on two GPUs, n-gram speculation with k=5; vLLM's Python is this one (it exists)."""
+    settings.GPU_POOL_MODEL = "/models/tiny"
+    settings.GPU_POOL_NAME = "test-pool"
+    settings.GPU_POOL_SPECULATIVE = "ngram"
+    settings.GPU_POOL_DRAFT_MODEL = ""
+    settings.GPU_POOL_SPECULATIVE_TOKENS = 5
+    settings.GPU_POOL_MAX_MODEL_LEN = 2048
+    settings.GPU_POOL_DTYPE = "float32"
+    settings.GPU_POOL_PORT = 8200
+    settings.GPU_POOL_EXTRA_ARGS = "--gpu-memory-utilization 0.85 --enforce-eager"
+    settings.GPU_POOL_API_KEY = ""
+    settings.GPU_POOL_DEVICE_URLS = []
+    settings.GPU_DEVICES = ["0", "3"]
+    settings.VLLM_PYTHON = sys.executable
+    return settings
+
+
+def up_command():
+    import threading
+
+    from ragsite.management.commands.up import Command
+
+    command = Command(stdout=io.StringIO(), stderr=io.StringIO())
+    command._output_lock = threading.Lock()  # set by handle(), which these tests do not run
+    return command
+
+
+def vllm_argv_of(port: int, spec: dict | None, *extra: str) -> list[str]:
+    argv = [
+        *(sys.executable, "-m", "vllm.entrypoints.openai.api_server"),
+        *("--model", "/models/tiny", "--served-model-name", "/models/tiny"),
+        *("--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048", "--dtype", "float32"),
+    ]
+    if spec is not None:
+        argv += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "summary"]
+    return [*argv, *extra]
+
+
+@pytest.mark.django_db
+def test_up_builds_one_vllm_server_per_device_and_registers_the_pool(pool_settings):
+    from inference.models import Provider, Route
+    from inference.serving import PoolConfig, vllm_argv
+
+    command = up_command()
+    engines = command._engine_servers()
+
+    assert [engine.name for engine in engines] == ["vllm0", "vllm3"]
+    assert [engine.url for engine in engines] == ["http://127.0.0.1:8200/v1", "http://127.0.0.1:8201/v1"]
+    ngram = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    extra = ("--gpu-memory-utilization", "0.85", "--enforce-eager")
+    for index, (engine, device) in enumerate(zip(engines, ["0", "3"], strict=True)):
+        assert engine.argv == vllm_argv_of(8200 + index, ngram, *extra)
+        assert engine.argv == vllm_argv(PoolConfig.from_settings(), index)
+        assert engine.env["CUDA_VISIBLE_DEVICES"] == device
+        assert engine.env["PYTHONUNBUFFERED"] == "1" and "PROMETHEUS_MULTIPROC_DIR" not in engine.env
+        assert engine.process is None  # built, not started
+    # The servers' lines go to up's output, prefixed with their name.
+    engines[1].log("INFO: Application startup complete.")
+    output = command.stdout.getvalue()
+    assert "pool test-pool: /models/tiny (ngram, k=5) on 2 device(s)" in output
+    assert "vllm3  | INFO: Application startup complete." in output
+
+    provider = Provider.objects.get(name="test-pool")
+    assert (provider.kind, provider.base_url, provider.devices) == (
+        "local",
+        "",
+        ["http://127.0.0.1:8200/v1", "http://127.0.0.1:8201/v1"],
+    )
+    assert (provider.model, provider.speculative_method, provider.speculative_k, provider.draft_model) == (
+        "/models/tiny",
+        "ngram",
+        5,
+        "",
+    )
+    assert (provider.context_window, provider.enabled) == (2048, True)
+    [route] = Route.objects.all()
+    assert (route.name, route.provider_id, route.is_default, route.max_tokens) == ("test-pool", provider.id, True, 512)
+
+    # Started again with one GPU and a draft model: the same provider, updated; the same route.
+    pool_settings.GPU_DEVICES = ["1"]
+    pool_settings.GPU_POOL_SPECULATIVE = "draft"
+    pool_settings.GPU_POOL_DRAFT_MODEL = "/models/draft"
+    pool_settings.GPU_POOL_EXTRA_ARGS = ""
+    pool_settings.GPU_POOL_API_KEY = "sk-pool-key"
+    [engine] = up_command()._engine_servers()
+    draft = {"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 5}
+    assert engine.argv == vllm_argv_of(8200, draft, "--api-key", "sk-pool-key")
+    assert (engine.name, engine.url, engine.env["CUDA_VISIBLE_DEVICES"]) == (
+        "vllm1",
+        "http://127.0.0.1:8200/v1",
+        "1",
+    )
+    provider.refresh_from_db()
+    assert (provider.devices, provider.speculative_method, provider.draft_model) == (
+        ["http://127.0.0.1:8200/v1"],
+        "draft",
+        "/models/draft",
+    )
+    assert Provider.objects.count() == 1 and list(Route.objects.values_list("name", flat=True)) == ["test-pool"]
+
+
+@pytest.mark.django_db
+def test_without_gpus_up_builds_one_server_on_the_cpu_and_keeps_an_existing_default_route(pool_settings):
+    from inference.models import Provider, Route
+
+    upstream = Provider.objects.create(
+        name="upstream", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url="http://127.0.0.1:9/v1", model="m"
+    )
+    default = Route.objects.create(name="default", provider=upstream, is_default=True)
+    pool_settings.GPU_DEVICES = []
+    pool_settings.GPU_POOL_SPECULATIVE = "off"
+
+    [engine] = up_command()._engine_servers()
+
+    assert (engine.name, engine.url) == ("vllm", "http://127.0.0.1:8200/v1")
+    assert engine.argv == vllm_argv_of(8200, None, "--gpu-memory-utilization", "0.85", "--enforce-eager")
+    assert engine.env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+    assert Provider.objects.get(name="test-pool").devices == ["http://127.0.0.1:8200/v1"]
+    assert list(Route.objects.filter(is_default=True)) == [default]
+    assert Route.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_engine_servers_that_run_elsewhere_are_registered_not_started(pool_settings, tmp_path):
+    from inference.models import Provider
+
+    urls = ["http://vllm-gpu0:8000/v1", "http://vllm-gpu1:8000/v1"]
+    pool_settings.GPU_POOL_DEVICE_URLS = urls
+    pool_settings.VLLM_PYTHON = str(tmp_path / "no-such-python")  # not needed: nothing is started
+    command = up_command()
+
+    assert command._engine_servers() == []
+    assert Provider.objects.get(name="test-pool").devices == urls
+    assert f"pool test-pool: engine servers at {', '.join(urls)}" in command.stdout.getvalue()
+
+    # manage.py pool_register does the same for them.
+    Provider.objects.filter(name="test-pool").update(devices=["http://old:8000/v1"])
+    out = io.StringIO()
+    call_command("pool_register", stdout=out)
+    assert Provider.objects.get(name="test-pool").devices == urls
+    assert out.getvalue() == f"pool test-pool: /models/tiny (ngram, k=5) on {', '.join(urls)}\n"
+
+
+@pytest.mark.django_db
+def test_no_pool_model_no_servers_and_a_missing_vllm_python_is_refused(pool_settings, tmp_path):
+    from inference.models import Provider
+
+    missing = str(tmp_path / "no-such-python")
+    pool_settings.VLLM_PYTHON = missing
+    with pytest.raises(CommandError) as refused:
+        up_command()._engine_servers()
+    assert f"vLLM's Python ({missing}) does not exist" in str(refused.value)
+    assert not Provider.objects.exists()
+
+    pool_settings.GPU_POOL_MODEL = ""
+    assert up_command()._engine_servers() == []
+    assert not Provider.objects.exists()
+    with pytest.raises(CommandError, match="GPU_POOL_MODEL is empty"):
+        call_command("pool_register")
+    pool_settings.GPU_POOL_MODEL = "/models/tiny"
+    with pytest.raises(CommandError, match="GPU_POOL_DEVICE_URLS is empty"):
+        call_command("pool_register")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from inference.execution import local_prompt_ids
 from inference.models import Provider, Route
 from search import prompting
 from search.extractive import LEAD, NOTHING_FOUND, extractive_answer, sentences_of
@@ -25,7 +24,7 @@ from search.prompting import (
     reduce_request,
     text_split_to_fit,
 )
-from tests.inference.tiny_models import tiny_model_save, tiny_tokenizer
+from tests.inference.tiny_models import CHAT_TEMPLATE, tiny_model_save, tiny_tokenizer
 
 
 class WordCount:
@@ -181,10 +180,22 @@ def test_a_local_budget_counts_with_the_models_tokenizer_within_the_models_own_w
     sources = [source(n, 40, word="wing") for n in (1, 2, 3, 4, 5, 6)]
     plan = prompt_plan("the wing lift", sources, budget)
     [request] = plan.requests
-    exact = len(local_prompt_ids(tiny_tokenizer(), request.messages))
+    # No chat template: the contents blank-line joined, as our engine server builds the prompt.
+    exact = len(tiny_tokenizer().encode("\n\n".join(message["content"] for message in request.messages)))
     assert request.prompt_tokens == exact <= 300 - 32 - prompting.LOCAL_MARGIN_TOKENS
     assert [s.number for s in plan.sources] == list(range(1, len(plan.sources) + 1))
     assert 0 < len(plan.sources) < 6 and len(plan.left_out) == 6 - len(plan.sources)
+
+
+def test_a_local_budget_counts_the_chat_template_as_the_engine_server_applies_it(tmp_path):
+    model = tiny_model_save(tmp_path / "templated", 1, max_positions=300, chat_template=True)
+    budget = budget_for(Route(name="local", provider=Provider(name="pool", kind="local", model=model), max_tokens=32))
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the wing lift"}]
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert rendered == "be brief\n\nthe wing lift"
+    assert budget.counter.messages(messages) == len(tokenizer.encode(rendered)) == 5
 
 
 def test_a_local_model_whose_tokenizer_cannot_be_read_here_is_estimated(tmp_path):

@@ -92,12 +92,7 @@ def test_a_chat_completion_is_the_extractive_answer_with_its_citations(site, wor
         for citation in answer.citations
     ]
     assert completion.citations and completion.inference_time_ms == answer.timings["prompt_ms"]
-    assert completion.speculative == {
-        "method": "off",
-        "draft_tokens_proposed": 0,
-        "draft_tokens_accepted": 0,
-        "draft_accepted": None,
-    }
+    assert completion.speculative is None  # no engine ran, so none reported anything
 
 
 def test_a_streamed_chat_completion_ends_with_the_usage_chunk(site, workspace):
@@ -215,10 +210,12 @@ def wait_done(answer_id, timeout: float = 30) -> Answer:
 
 
 @pytest.mark.slow
-def test_a_generation_streams_with_usage_and_speculative_options_reach_the_upstream(
+def test_a_generation_streams_with_usage_and_speculative_options_choose_and_never_reach_the_upstream(
     site, workspace, upstream_server, start_worker
 ):
     api_key = remote_route(upstream_server)
+    # The upstream is a vLLM started with a draft model (declared: it is never sent).
+    Provider.objects.filter(name="stand-in").update(speculative_method="draft", draft_model="stand-in-draft")
     upstream_script(upstream_server, api_key, ["ok", "ok", {"cut_after_tokens": 2}, {"status": 400}, {"status": 400}])
     client = client_for(site, key_for(workspace, "generate"))
     messages = [{"role": "user", "content": f"How long does charging take?\nREPLY: {CITED}"}]
@@ -230,12 +227,7 @@ def test_a_generation_streams_with_usage_and_speculative_options_reach_the_upstr
         )
         assert completion.choices[0].message.content == CITED and completion.model == "default"
         assert completion.citations[0]["number"] == 1
-        assert completion.speculative == {
-            "method": "draft",  # an upstream reports no draft counts per request
-            "draft_tokens_proposed": None,
-            "draft_tokens_accepted": None,
-            "draft_accepted": None,
-        }
+        assert completion.speculative is None  # the stand-in reports no speculative figures
         assert completion.inference_time_ms > 0
 
         stream = client.chat.completions.create(
@@ -243,14 +235,22 @@ def test_a_generation_streams_with_usage_and_speculative_options_reach_the_upstr
             messages=messages,
             stream=True,
             stream_options={"include_usage": True},
-            extra_body={"speculative_decoding": {"enabled": True, "draft_tokens": 6}},
+            extra_body={"speculative_decoding": {"enabled": True, "draft_tokens": 4}},
         )
         chunks = list(stream)
         streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
         assert streamed == CITED == wait_done(chunks[0].id.removeprefix("chatcmpl-")).text
         assert len([chunk for chunk in chunks if chunk.choices and chunk.choices[0].delta.content]) == 5
         assert chunks[-2].choices[0].finish_reason == "stop"
-        assert chunks[-2].speculative["method"] == "draft"
+        assert chunks[-2].speculative is None
+        # No endpoint of the model proposes 6 tokens a step, or runs without speculation: 400, nothing sent.
+        for options, param in (
+            ({"speculative_decoding": {"draft_tokens": 6}}, "speculative_decoding.draft_tokens"),
+            ({"enable_speculative": False}, "enable_speculative"),
+        ):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(model="default", messages=messages, extra_body=options)
+            assert caught.value.param == param, caught.value
 
         with pytest.raises(openai.APIError) as caught:  # cut mid-stream: the stream's error event
             list(client.chat.completions.create(model="default", messages=messages, stream=True))
@@ -263,17 +263,8 @@ def test_a_generation_streams_with_usage_and_speculative_options_reach_the_upstr
             client.chat.completions.create(model="default", messages=messages, stream=True)
 
     first, second, cut, refused, refused_streamed = upstream_log(upstream_server, api_key)
-    assert first["speculative_config"] == {
-        "method": "draft_model",
-        "num_speculative_tokens": 4,
-        "model": "stand-in-draft",
-    }
-    assert second["speculative_config"] == {
-        "method": "draft_model",
-        "num_speculative_tokens": 6,
-        "model": "stand-in-draft",
-    }
-    assert cut["speculative_config"] is None  # the provider's own settings: off
+    # The options chose the endpoint; none of them, nor the provider's settings, went upstream.
+    assert [entry["extra"] for entry in (first, second, cut, refused, refused_streamed)] == [{}] * 5
     usage = chunks[-1].usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (second["prompt_tokens"], 5)
     assert usage.total_tokens == second["prompt_tokens"] + 5
@@ -285,36 +276,46 @@ def test_a_generation_streams_with_usage_and_speculative_options_reach_the_upstr
 
 
 @pytest.mark.slow
-def test_the_local_engine_reports_its_draft_tokens_and_takes_the_requests_settings(
-    site, workspace, start_worker, tmp_path
+def test_a_gpu_pool_reports_its_engines_figures_and_options_choose_between_pools(
+    site, workspace, start_worker, ngram_pool, tmp_path
 ):
-    from tests.inference.tiny_models import tiny_model_save
+    """The n-gram vLLM pool, and a plain pool of the same model (our engine behind the same
+    protocol, speculation off): the request's options choose, and each answer says what its
+    engine reported."""
+    from tests.pools import engine_server
 
-    provider = Provider.objects.create(
-        name="pool", kind=Provider.Kind.LOCAL, model=tiny_model_save(tmp_path / "tiny"), context_window=512
-    )  # speculation off unless a request asks for it
-    Route.objects.create(name="pool", provider=provider, is_default=True, max_tokens=12)
+    speculating = Provider.objects.create(name="pool", **ngram_pool.provider_fields())
+    Route.objects.create(name="pool", provider=speculating, is_default=True, max_tokens=12)
     client = client_for(site, key_for(workspace, "generate"))
-    with start_worker(["gpu"]), start_worker(["default"]):
-        asked = client.chat.completions.create(
-            model="pool", messages=QUESTION, extra_body={"speculative_decoding": {"draft_tokens": 3}}
+    with engine_server(tmp_path, model=ngram_pool.model, speculative="off") as plain_url:
+        plain = Provider.objects.create(
+            name="plain", **{**ngram_pool.provider_fields(), "devices": [plain_url], "speculative_method": "off"}
         )
-        plain = client.chat.completions.create(model="pool", messages=QUESTION)
-        stored = wait_done(asked.id.removeprefix("chatcmpl-"))
-    # The engine ran the request's k (3), not the provider's (4): one counter per position.
-    assert len(stored.stats["accepted_per_position"]) == 3
+        with start_worker(["gpu"], pool="threads", concurrency=4), start_worker(["default"]):
+            asked = client.chat.completions.create(
+                model="pool", messages=QUESTION, extra_body={"speculative_decoding": {"draft_tokens": 4}}
+            )
+            unasked = client.chat.completions.create(model="pool", messages=QUESTION)
+            off = client.chat.completions.create(
+                model="pool", messages=QUESTION, extra_body={"enable_speculative": False}
+            )
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(
+                    model="pool", messages=QUESTION, extra_body={"enable_speculative": True, "draft_model": "other"}
+                )
+            assert (caught.value.param, caught.value.code) == ("draft_model", "model_not_found")
+            stored = wait_done(asked.id.removeprefix("chatcmpl-"))
+            wait_done(off.id.removeprefix("chatcmpl-"))
+
     spec = asked.speculative
-    assert spec["method"] == "ngram"  # no draft model: prompt lookup
-    assert spec["draft_tokens_proposed"] >= spec["draft_tokens_accepted"] >= 0
-    if spec["draft_tokens_proposed"]:
-        assert spec["draft_accepted"] == round(spec["draft_tokens_accepted"] / spec["draft_tokens_proposed"], 4)
+    assert spec == stored.stats["speculative"]
+    assert spec["spec_tokens"] == 4 and spec["draft_tokens_proposed"] >= spec["draft_tokens_accepted"] >= 0
+    assert unasked.speculative is not None  # the route's own pool speculates
+    assert off.speculative is None  # our engine with speculation off reports nothing
     assert (asked.usage.completion_tokens, asked.choices[0].finish_reason) == (12, "length")
     assert asked.inference_time_ms > 0
-    assert plain.speculative == {
-        "method": "off",
-        "draft_tokens_proposed": 0,
-        "draft_tokens_accepted": 0,
-        "draft_accepted": None,
-    }
-    # Greedy either way: speculation changes the speed, never the text.
-    assert plain.choices[0].message.content == asked.choices[0].message.content
+    # Greedy on the same pool: speculation changes the speed, never the text.
+    assert unasked.choices[0].message.content == asked.choices[0].message.content
+    ledger.drain()
+    assert UsageRecord.objects.get(request_id=answer_of(asked.id).pk).provider_id == speculating.pk
+    assert UsageRecord.objects.get(request_id=answer_of(off.id).pk).provider_id == plain.pk

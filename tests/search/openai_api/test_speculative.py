@@ -1,23 +1,13 @@
 """Speculative options of chat requests: both request forms, their validation, and the
-settings they give a route's provider (no server, no database: unsaved providers)."""
+endpoint they choose among the route model's (providers in the database, no server)."""
 
 from __future__ import annotations
 
 import pytest
 
-from inference.models import Provider
+from inference.models import Provider, Route
 from search.openai_api import speculative
 from search.openai_api.errors import ApiError
-
-
-def remote(**fields) -> Provider:
-    return Provider(
-        name="upstream", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url="http://up.example/v1", model="m", **fields
-    )
-
-
-def local(**fields) -> Provider:
-    return Provider(name="pool", kind=Provider.Kind.LOCAL, model="tiny", **fields)
 
 
 def refused(body: dict) -> ApiError:
@@ -70,36 +60,50 @@ def test_the_speculative_temperature_is_the_requests_temperature():
     assert speculative.temperature_for(speculative.parse({}), 0.2) == 0.2
 
 
-def override(body: dict, provider: Provider):
-    return speculative.override_for(speculative.parse(body), provider, "default")
+def pool(name: str, **fields) -> Provider:
+    fields = {"model": "m", **fields}
+    return Provider.objects.create(name=name, kind="local", devices=[f"http://{name}:8000/v1"], **fields)
 
 
-def test_options_map_onto_the_providers_settings():
-    with_draft = remote(draft_model="d-1b")
-    assert override({}, with_draft) is None
-    assert override({"enable_speculative": False, "draft_model": "anything"}, with_draft) == {"method": "off"}
-    # On, with nothing more: the provider's draft when it has one, else prompt lookup.
-    assert override({"enable_speculative": True}, with_draft) == {"method": "draft", "k": 4, "draft_model": "d-1b"}
-    assert override({"enable_speculative": True}, remote()) == {"method": "ngram", "k": 4}
-    assert override({"speculative_decoding": {"draft_tokens": 9}}, remote()) == {"method": "ngram", "k": 9}
-    assert override({"enable_speculative": True, "draft_model": "d-1b"}, with_draft) == {
-        "method": "draft",
-        "k": 4,
-        "draft_model": "d-1b",
-    }
-    # A provider with speculation on keeps its method; the request sets k.
-    both = local(draft_model="d", speculative_method=Provider.Speculative.BOTH, speculative_k=3)
-    assert override({"speculative_decoding": {"draft_tokens": 5}}, both) == {
-        "method": "both",
-        "k": 5,
-        "draft_model": "d",
-    }
-    assert override({"enable_speculative": True}, both) == {"method": "both", "k": 3, "draft_model": "d"}
+def chosen(body: dict, route: Route) -> Provider:
+    from inference.router import provider_for_speculation
+
+    options = speculative.wanted(speculative.parse(body))
+    speculative.check(options, route)
+    return provider_for_speculation(route, options) if options else route.provider
 
 
-def test_a_draft_model_other_than_the_routes_is_refused():
-    for provider, message in [(remote(draft_model="d-1b"), "serves the draft model 'd-1b'"), (local(), "no draft")]:
+@pytest.mark.django_db
+def test_options_choose_among_the_pools_of_the_routes_model():
+    ngram = pool("ngram", speculative_method="ngram", speculative_k=4)
+    plain = pool("plain")
+    drafted = pool("drafted", speculative_method="draft", draft_model="d-1b", speculative_k=3)
+    pool("other-model", speculative_method="ngram", speculative_k=8, model="m2")
+    pool("disabled", speculative_method="ngram", speculative_k=8, enabled=False)
+    route = Route.objects.create(name="default", provider=ngram, is_default=True)
+
+    assert speculative.wanted(speculative.parse({})) is None
+    assert chosen({}, route) == ngram
+    assert chosen({"enable_speculative": True}, route) == ngram
+    assert chosen({"speculative_decoding": {"draft_tokens": 4}}, route) == ngram
+    assert chosen({"enable_speculative": False, "draft_model": "anything"}, route) == plain
+    assert chosen({"enable_speculative": True, "draft_model": "d-1b"}, route) == drafted
+    assert chosen({"speculative_decoding": {"draft_tokens": 3}}, route) == drafted
+
+
+@pytest.mark.django_db
+def test_options_no_pool_of_the_model_serves_are_refused_naming_the_field():
+    route = Route.objects.create(
+        name="default", provider=pool("ngram", speculative_method="ngram", speculative_k=4), is_default=True
+    )
+    pool("disabled", speculative_method="ngram", speculative_k=8, enabled=False)
+    pool("other-model", speculative_method="ngram", speculative_k=8, model="m2")
+    for body, param, says in [
+        ({"speculative_decoding": {"draft_tokens": 8}}, "speculative_decoding.draft_tokens", "proposes 4 tokens"),
+        ({"enable_speculative": False}, "enable_speculative", "decodes speculatively (ngram)"),
+        ({"enable_speculative": True, "draft_model": "huge-70b"}, "draft_model", "has no draft model"),
+    ]:
         with pytest.raises(ApiError) as caught:
-            override({"enable_speculative": True, "draft_model": "huge-70b"}, provider)
-        assert (caught.value.status, caught.value.param) == (400, "draft_model")
-        assert message in caught.value.message
+            chosen(body, route)
+        assert (caught.value.status, caught.value.param) == (400, param)
+        assert says in caught.value.message and "there is no other" in caught.value.message

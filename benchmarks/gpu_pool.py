@@ -1,0 +1,861 @@
+"""The GPU pool: vLLM against the in-house engine, through the real ``gpu`` queue, and the
+price of the dispatch against clients calling the engine directly.
+
+    python -m benchmarks.gpu_pool [--levels 1,4,16,64] [--warmup 5] [--window 15] [--drain 30]
+                                  [--max-tokens 48] [--configs inhouse,vllm_off,vllm_ngram,vllm_draft]
+                                  [--dtype bfloat16] [--quick] [--keep]
+
+Configurations (one engine server at a time: started, measured at every level, stopped)
+    ``inhouse``: our engine behind the OpenAI protocol (``python -m inference.engine.server``,
+    n-gram speculation, k = 4), one sequence at a time: the pool as it served before.
+    ``vllm_off``, ``vllm_ngram``, ``vllm_draft``: vLLM (``inference.serving``, as ``manage.py
+    up`` starts it) without speculation, with prompt-lookup n-grams (k = 4), with the draft
+    model (k = 4). These four are served through the product's path: ``inference.router.plan``
+    and ``router.submit`` (the web tier's two calls), the message on queue ``gpu``, a real
+    Celery worker (``--pool threads -c 128``) running ``inference.tasks.generate_routed``,
+    which streams from the pool's device into Redis (``gen:<request_id>``) and queues the
+    ledger row; the client reads the stream (``inference.streams.stream_read``).
+    ``direct``: closed-loop clients calling the ``vllm_ngram`` server with the official
+    ``openai`` client (one client shared by the threads; streamed chat completions with
+    ``stream_options={"include_usage": True}``): no router, no queue, no Redis. It runs while
+    that server is up, interleaved with ``vllm_ngram`` level by level, their order alternating
+    from one level to the next (routed first at 1 and 16, direct first at 4 and 64), so that
+    the machine's drift falls on both sides of ``dispatch_efficiency_16``.
+
+The pair (no weights can be downloaded here): ``benchmarks.specdec``'s, saved once with
+``save_pretrained`` into a temporary folder: a random Llama target of 24 layers, width 1024,
+vocabulary 8192 (about 300M parameters), and a draft made of its own embedding, first 4 layers,
+final norm and head; ``--scale`` sets how often they agree. The tokenizer is specdec's
+word-level one (Cranfield's commonest words) with a chat template that joins the messages'
+contents with a blank line (vLLM serves chat only with a template). Every server loads the
+same files with ``--dtype`` (bfloat16 unless vLLM refuses it, then float32, said in the
+result). ``--quick``: the tests' tiny model (4 layers, width 256) as target and as its own
+draft, levels 1 and 4, short windows: for development.
+
+Prompts. RAG prompts as ``benchmarks.specdec.rag_prompts`` builds them, as chat messages: a
+system message ("answer from the sources .") and a user message holding three retrieved
+Cranfield passages and a Cranfield question, lower-cased, the passages cut from the left so
+that every prompt is exactly ``--prompt-tokens`` tokens (one word is one token). Every request
+a server sees has a prompt of its own (the n-th request of a server takes query n and passages
+3n to 3n+2), so that vLLM's prefix cache finds nothing to reuse but the system line, as in a
+RAG service. Greedy (temperature 0); the target never emits EOS (specdec's construction), so
+every completion is ``--max-tokens`` tokens.
+
+A level (N concurrent requests). N client threads, closed loop: each submits its next request
+as soon as its previous one ended. A warm-up of ``--warmup`` seconds, then a window of
+``--window`` seconds, extended (at most to ``--window-max``) until it holds at least one
+finished request. Figures over the window:
+    ``tokens_per_s``: output tokens that arrived inside the window / the window's seconds. Each
+    delta is stamped when the client reads it; a request's reported completion tokens are
+    spread over its deltas by their words (a speculative step can stream several tokens in one
+    delta; special tokens stream no text), a request that never ended counts its words.
+    ``ttft_p50_ms``/``p99``: from the client's submission (before ``router.plan`` for routed
+    requests; before ``chat.completions.create`` for direct) to the first delta it reads (the
+    first content chunk for direct), over the requests that finished inside the window;
+    ``latency_p50_ms``/``p99``: to the end of the stream (the ``stats`` event; the usage chunk
+    and the stream's end for direct), same requests. ``submit_p50_ms``: the web tier's two
+    calls alone. ``steady``: whether every client had already finished a request before the
+    window opened (else the window still holds the first cycle's requests, whose latencies are
+    below the steady state's: with batch-1 serving at 64, one cycle is 64 requests long).
+    Then the clients stop submitting, and the level drains: the clients read their requests to
+    their end and the engine reports nothing running or waiting, for at most ``--drain``
+    seconds (``drained`` and ``leftover`` say how it went; a leftover request loads the next
+    level's warm-up). Direct clients close their streams at the window's end instead (vLLM
+    aborts them); the routed path has no cancel, so its requests run to their end. The last
+    level of a server needs no drain: the server is stopped.
+
+Derived figures. ``vllm_vs_inhouse_16``/``_64``: tokens/s of ``vllm_ngram`` over ``inhouse``
+(both speculate with n-grams, k = 4). ``dispatch_efficiency_16``: tokens/s of ``vllm_ngram``
+(through Celery) over ``direct``; ``dispatch_ttft_overhead_p50_ms_16``: their TTFT p50s'
+difference. ``speculation_gain``: per level, ``vllm_ngram`` and ``vllm_draft`` over
+``vllm_off``. ``acceptance``: what each speculative configuration's engine reported on the
+stats events (``speculative``) of the requests finished in its windows: accepted over proposed
+draft tokens, and the mean acceptance length (tokens per verify step, the bonus one included).
+``targets``: the issue's, reported as measured (vLLM at least 6x the in-house engine at 16
+and 10x at 64, dispatch efficiency at least 0.9 at 16, TTFT overhead at most 5 ms p50): these
+are GPU targets; on this machine's two cores both engines are bound by the prompt pass's
+arithmetic, which batching does not remove.
+
+The worker. ``ROUTER_MAX_ATTEMPTS=1`` (a failed request is counted, never retried into the next
+level), the provider's first-token and total timeouts and ``ROUTER_DEADLINE_S`` at 900 s (a
+batch-1 engine at 64 makes a request wait for the 63 before it), ``GPU_POOL_MAX_WAITING`` and
+``GENERATION_QUEUE_MAX`` far above 64 so that admission refuses nothing (their checks still
+run). This process pools its database connections as the web tier does under ASGI
+(``DATABASE_POOL=on``); the worker keeps one per thread, as deployed.
+
+Database and Redis: a database of its own, ``ragsite_bench_gpu_pool``, on the project's
+PostgreSQL (dropped after unless ``--keep``), and Redis database 12 of the project's server
+(emptied first), which is also the worker's broker. Everything listens on 127.0.0.1; servers and
+worker are stopped at the end, on an error and on Ctrl-C or SIGTERM too. The result is written
+to ``benchmarks/results/gpu_pool.json`` only by a full default run (all configurations and
+levels, not ``--quick``); other runs print their JSON line only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import logging
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.common import CRANFIELD, ROOT, machine, own_databases, report
+
+DATABASE = "ragsite_bench_gpu_pool"
+REDIS_DB = 12
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+ROUTED = ("inhouse", "vllm_off", "vllm_ngram", "vllm_draft")
+CONFIGS = (*ROUTED, "direct")
+LEVELS = (1, 4, 16, 64)
+K = 4
+MAX_MODEL_LEN = 2048
+VOCAB = 8192
+SYSTEM = "answer from the sources ."
+# Timeouts of the pool's provider and of the router: above any wait a level can make.
+REQUEST_TIMEOUT_S = 900.0
+# The worker's threads (the brief's deployment: many generations at once per worker).
+WORKER_THREADS = 128
+# A client gives up on a stream that shows nothing for this long (bounded, never hit in a
+# run that works: the provider's own timeouts end a request first).
+READ_TIMEOUT_S = REQUEST_TIMEOUT_S + 60
+
+
+class Interrupted(Exception):
+    """SIGTERM: unwind as Ctrl-C does, stopping what was started."""
+
+
+def _on_sigterm(signum, frame):
+    raise Interrupted(f"signal {signum}")
+
+
+# --------------------------------------------------------------------------- the pair and prompts
+
+
+def pair_save(folder: Path, args) -> dict:
+    """The target, the draft and the tokenizer (with the chat template) saved under ``folder``;
+    returns their paths and how they were made."""
+    from tests.inference.tiny_models import CHAT_TEMPLATE
+
+    if args.quick:
+        from tests.inference.tiny_models import tiny_model_save
+
+        target = tiny_model_save(
+            folder / "target", 1, layers=4, width=256, max_positions=MAX_MODEL_LEN, chat_template=True
+        )
+        return {
+            "target": target,
+            "draft": target,  # the target drafts for itself (the tests' draft pool)
+            "construction": {"model": "tests.inference.tiny_models (quick)", "layers": 4, "width": 256},
+        }
+
+    import gc
+
+    import torch
+
+    from benchmarks.specdec import build_pair, build_tokenizer
+
+    torch.set_num_threads(2)
+    tokenizer = build_tokenizer(VOCAB)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    target, draft = build_pair(args.scale, VOCAB, draft_layers=args.draft_layers)
+    parameters = {
+        "target_parameters": sum(p.numel() for p in target.parameters()),
+        "draft_parameters": sum(p.numel() for p in draft.parameters()),
+    }
+    paths = {}
+    for name, model in (("target", target), ("draft", draft)):
+        path = folder / name
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        paths[name] = str(path)
+    del target, draft
+    gc.collect()
+    return {
+        **paths,
+        "construction": {
+            "model": "benchmarks.specdec.build_pair",
+            "target_layers": 24,
+            "draft_layers": args.draft_layers,
+            "width": 1024,
+            "vocab": VOCAB,
+            "scale": args.scale,
+            "saved_dtype": "bfloat16",
+            **parameters,
+        },
+    }
+
+
+def rag_messages(count: int, prompt_tokens: int) -> list[list[dict]]:
+    """``count`` distinct RAG prompts as chat messages, each ``prompt_tokens`` words long (see
+    the module docstring): request n of a server gets query n and passages 3n to 3n+2."""
+    from search.beir import corpus_read, queries_read
+
+    documents = [d.content().lower().split() for d in corpus_read(CRANFIELD) if d.text]
+    queries = [q.lower().split() for q in queries_read(CRANFIELD).values()]
+    system = SYSTEM.split()
+    prompts = []
+    for index in itertools.count():
+        if len(prompts) == count:
+            break
+        start = (index * 3) % (len(documents) - 3)
+        passages = []
+        for number, words in enumerate(documents[start : start + 3]):
+            passages += [f"[{number + 1}]", *words]
+        question = ["question", ":", *queries[index % len(queries)], "answer", ":"]
+        budget = prompt_tokens - len(system) - len(question)
+        if budget <= 0 or len(passages) < budget:
+            continue  # too short to fill the prompt: every prompt has the same length
+        user = passages[-budget:] + question
+        prompts.append([{"role": "system", "content": SYSTEM}, {"role": "user", "content": " ".join(user)}])
+    return prompts
+
+
+class Prompts:
+    """The prompts of one engine server, handed out in turn (thread-safe): never one twice."""
+
+    def __init__(self, prompts: list[list[dict]]):
+        self.prompts = prompts
+        self.counter = itertools.count()
+        self.lock = threading.Lock()
+
+    def next(self) -> list[dict]:
+        with self.lock:
+            return self.prompts[next(self.counter) % len(self.prompts)]
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class LogFile:
+    def __init__(self, path: Path):
+        self.path = path
+        self.handle = open(path, "a", buffering=1)
+        self.lock = threading.Lock()
+
+    def __call__(self, line: str) -> None:
+        with self.lock:
+            if not self.handle.closed:
+                self.handle.write(line + "\n")
+
+    def close(self) -> None:
+        with self.lock:
+            self.handle.close()
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.path.read_text(errors="replace")[-chars:]
+
+
+@contextlib.contextmanager
+def gpu_worker(folder: Path):
+    """A real Celery worker on queue ``gpu`` (threads), on this benchmark's database and Redis;
+    yields once it answers a ping; stopped (its process group) on the way out."""
+    from ragsite.celery import app
+
+    name = f"bench-gpu-{uuid.uuid4().hex[:8]}@localhost"
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        ROUTER_MAX_ATTEMPTS="1",
+        ROUTER_DEADLINE_S=str(REQUEST_TIMEOUT_S),
+        CELERY_TASK_SOFT_TIME_LIMIT=str(int(REQUEST_TIMEOUT_S) + 60),
+        CELERY_TASK_TIME_LIMIT=str(int(REQUEST_TIMEOUT_S) + 120),
+    )
+    env.pop("DATABASE_POOL", None)  # a worker keeps one connection per thread (the default)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    log_path = folder / "worker.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "ragsite", "worker", "-Q", "gpu", "-n", name,
+             "--pool", "threads", "-c", str(WORKER_THREADS), "--loglevel", "WARNING",
+             "--without-gossip", "--without-mingle"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def stop() -> None:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    try:
+        deadline = time.monotonic() + 120
+        while not app.control.ping(destination=[name], timeout=0.5):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the gpu worker did not start:\n{log_path.read_text(errors='replace')[-4000:]}")
+        yield process
+    finally:
+        stop()
+
+
+@dataclass
+class Server:
+    name: str  # configuration
+    engine: object  # inference.serving.EngineServer
+    url: str
+    model: str
+    speculative: str
+    draft_model: str
+    dtype: str
+    log: LogFile
+    startup_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def server_start(name: str, pair: dict, args, folder: Path, dtype: str) -> Server:
+    """Start configuration ``name``'s engine server and wait until it answers ``/health``."""
+    from inference.serving import EngineServer, PoolConfig
+
+    log = LogFile(folder / f"{name}-{dtype}.log")
+    if name == "inhouse":
+        port = free_port()
+        argv = [
+            *(sys.executable, "-m", "inference.engine.server", "--model", pair["target"]),
+            *("--speculative", "ngram", "--k", str(K), "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN)),
+            *("--host", "127.0.0.1", "--port", str(port)),
+        ]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        url = f"http://127.0.0.1:{port}/v1"
+        engine = EngineServer("inhouse", argv, env, url, log)
+        speculative, draft = "ngram", ""
+    else:
+        speculative = name.removeprefix("vllm_")
+        draft = pair["draft"] if speculative == "draft" else ""
+        config = PoolConfig(
+            model=pair["target"],
+            name=f"bench-{name.replace('_', '-')}",
+            speculative=speculative,
+            draft_model=draft,
+            k=K,
+            max_model_len=MAX_MODEL_LEN,
+            dtype=dtype,
+            port=free_port(),
+            python=str(VLLM_PYTHON),
+            env={"VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib)},
+        )
+        engine = EngineServer.for_device(config, 0, log=log)
+        url = engine.url
+    server = Server(name, engine, url, pair["target"], speculative, draft, dtype, log)
+    started = time.monotonic()
+    print(f"[gpu_pool] starting {name} ({dtype}); log {log.path}", file=sys.stderr, flush=True)
+    engine.start()
+    try:
+        engine.wait_ready(timeout=args.startup_timeout)
+    except BaseException:
+        engine.stop(timeout=10)
+        log.close()
+        raise
+    server.startup_s = round(time.monotonic() - started, 1)
+    return server
+
+
+def server_start_with_fallback(name: str, pair: dict, args, folder: Path) -> Server:
+    """vLLM with ``--dtype``; float32 only when vLLM refuses that dtype (said in the notes)."""
+    try:
+        return server_start(name, pair, args, folder, args.dtype)
+    except RuntimeError as exc:
+        text = str(exc).lower()
+        refused = args.dtype != "float32" and name != "inhouse" and args.dtype in text and "dtype" in text
+        if not refused:
+            raise
+        lines = [line for line in str(exc).splitlines() if args.dtype in line.lower()]
+        server = server_start(name, pair, args, folder, "float32")
+        server.notes.append(f"vLLM refused {args.dtype} ({lines[-1].strip()[:300] if lines else 'see log'}); float32")
+        return server
+
+
+def server_stop(server: Server) -> None:
+    server.engine.stop(timeout=15)
+    server.log.close()
+
+
+def engine_busy(url: str) -> int:
+    """Requests the engine reports running or waiting (-1 when it does not answer)."""
+    from inference.pool import device_probe
+
+    load = device_probe(url, timeout=5.0)
+    return load.busy if load.up else -1
+
+
+def pool_register(server: Server):
+    """The pool's provider (kind local, this server as its one device) and the default route to it."""
+    from inference.models import Provider, Route
+
+    provider = Provider(
+        name=f"bench-{server.name.replace('_', '-')}-{uuid.uuid4().hex[:6]}",
+        kind=Provider.Kind.LOCAL,
+        devices=[server.url],
+        model=server.model,
+        draft_model=server.draft_model,
+        speculative_method=server.speculative,
+        speculative_k=K,
+        context_window=MAX_MODEL_LEN,
+        first_token_timeout_s=REQUEST_TIMEOUT_S,
+        total_timeout_s=REQUEST_TIMEOUT_S,
+    )
+    provider.full_clean()
+    provider.save()
+    route = Route.objects.filter(name="bench").first() or Route(name="bench", is_default=True)
+    route.provider = provider
+    route.max_tokens = 64
+    route.full_clean()
+    route.save()
+    return provider
+
+
+# --------------------------------------------------------------------------- clients
+
+
+@dataclass
+class Record:
+    client: int
+    submitted: float
+    submit_done: float | None = None
+    first: float | None = None
+    end: float | None = None
+    deltas: list[tuple[float, int]] = field(default_factory=list)  # (arrival, words)
+    tokens: int | None = None  # completion tokens the engine reported
+    ok: bool = False
+    error: str = ""
+    speculative: dict | None = None
+    engine_ttft_ms: float | None = None  # the worker's own TTFT, from its attempt's start (stats)
+
+    def delta(self, now: float, text: str) -> None:
+        if self.first is None:
+            self.first = now
+        self.deltas.append((now, max(1, len(text.split()))))
+
+
+def _events(request_id: str, abandon: threading.Event):
+    """The request's stream events, read in one-second slices so that ``abandon`` is heard;
+    ``TimeoutError`` once abandoned or after ``READ_TIMEOUT_S`` without an event."""
+    from inference.streams import stream_read
+
+    last, quiet_since = "0", time.monotonic()
+    while True:
+        try:
+            for event_id, kind, data in stream_read(request_id, after=last, block_ms=1000):
+                last, quiet_since = event_id, time.monotonic()
+                yield kind, data
+            return
+        except TimeoutError:
+            if abandon.is_set() or time.monotonic() - quiet_since > READ_TIMEOUT_S:
+                raise
+
+
+def routed_client(index: int, prompts: Prompts, args, stop, abandon, records: list[Record]) -> None:
+    """One closed-loop client of the product's path: plan, submit, read the stream to its end."""
+    from django.db import connections
+
+    from inference import router
+
+    while not stop.is_set():
+        messages = prompts.next()
+        request_id = uuid.uuid4().hex
+        record = Record(index, time.perf_counter())
+        records.append(record)
+        try:
+            plan = router.plan(request_id=request_id)
+            router.submit(plan, messages=messages, max_tokens=args.max_tokens, temperature=0.0)
+        except Exception as exc:
+            record.error, record.end = f"submit: {type(exc).__name__}: {exc}"[:300], time.perf_counter()
+            time.sleep(0.5)
+            continue
+        finally:
+            connections.close_all()  # back to the pool, as at the end of a web request
+        record.submit_done = time.perf_counter()
+        try:
+            for kind, data in _events(request_id, abandon):
+                now = time.perf_counter()
+                if kind == "delta":
+                    record.delta(now, data.get("text") or "")
+                elif kind == "stats":
+                    record.ok, record.end = True, now
+                    record.tokens = data.get("completion_tokens")
+                    record.speculative = data.get("speculative")
+                    record.engine_ttft_ms = data.get("time_to_first_token_ms")
+                elif kind == "error":
+                    record.error, record.end = (data.get("message") or "error")[:300], now
+        except TimeoutError:
+            record.error = "abandoned"
+            return
+
+
+def direct_client(index: int, prompts: Prompts, args, client, model: str, stop, abandon, records) -> None:
+    """One closed-loop client calling the engine with the official ``openai`` client."""
+    import openai
+
+    while not stop.is_set():
+        messages = prompts.next()
+        record = Record(index, time.perf_counter())
+        records.append(record)
+        try:
+            stream = client.chat.completions.create(
+                model=model,
+                messages=messages,
+                max_tokens=args.max_tokens,
+                temperature=0.0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            with stream:
+                for chunk in stream:
+                    now = time.perf_counter()
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        record.delta(now, chunk.choices[0].delta.content)
+                    if chunk.usage is not None:
+                        record.tokens = chunk.usage.completion_tokens
+                    if abandon.is_set():
+                        record.error = "abandoned"
+                        break
+            if not record.error:
+                record.ok, record.end = True, time.perf_counter()
+        except openai.APIError as exc:
+            record.error, record.end = f"{type(exc).__name__}: {exc}"[:300], time.perf_counter()
+            time.sleep(0.5)
+        if record.error == "abandoned":
+            return
+
+
+# --------------------------------------------------------------------------- a level
+
+
+def percentile(values: list[float], q: int) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return round(ordered[0], 1)
+    return round(statistics.quantiles(ordered, n=100, method="inclusive")[q - 1], 1)
+
+
+def tokens_between(records: list[Record], start: float, end: float) -> float:
+    """Output tokens that arrived in [start, end): each request's reported completion tokens
+    spread over its deltas by their words (its words alone when it reported none)."""
+    total = 0.0
+    for record in records:
+        words = sum(w for _, w in record.deltas)
+        if not words:
+            continue
+        scale = record.tokens / words if record.tokens else 1.0
+        total += scale * sum(w for t, w in record.deltas if start <= t < end)
+    return total
+
+
+def acceptance(records: list[Record]) -> dict | None:
+    """The engine's speculative report, summed over ``records``: accepted / proposed draft
+    tokens and the mean acceptance length (tokens per verify step, the bonus one included)."""
+    reports = [r.speculative for r in records if r.speculative]
+    if not reports:
+        return None
+    proposed = sum(s["draft_tokens_proposed"] for s in reports)
+    accepted = sum(s["draft_tokens_accepted"] for s in reports)
+    steps = sum(s["spec_steps"] or 0 for s in reports)
+    return {
+        "requests": len(reports),
+        "draft_tokens_proposed": proposed,
+        "draft_tokens_accepted": accepted,
+        "draft_accepted": round(accepted / proposed, 4) if proposed else None,
+        "mean_acceptance_length": round(1 + accepted / steps, 3) if steps else None,
+    }
+
+
+def run_level(kind: str, level: int, server: Server, prompts: Prompts, args, *, last: bool) -> tuple[dict, list]:
+    """One level of one configuration (``kind``: routed or direct); returns its figures and
+    the records of the requests that finished in its window."""
+    records: list[Record] = []
+    stop, abandon = threading.Event(), threading.Event()
+    if kind == "direct":
+        import openai
+
+        client = openai.OpenAI(base_url=server.url, api_key="EMPTY", max_retries=0, timeout=REQUEST_TIMEOUT_S)
+
+        def target(index):
+            return direct_client(index, prompts, args, client, server.model, stop, abandon, records)
+    else:
+
+        def target(index):
+            return routed_client(index, prompts, args, stop, abandon, records)
+
+    threads = [threading.Thread(target=target, args=(i,), daemon=True, name=f"{kind}-{i}") for i in range(level)]
+    probes: list[float] = []
+    sampler = threading.Thread(target=probe_sample, args=(server.url, stop, probes), daemon=True)
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    sampler.start()
+    time.sleep(args.warmup)
+    window_start = time.perf_counter()
+    # Whether every client had finished a request before the window: past the first cycle.
+    steady = len({r.client for r in list(records) if r.end is not None and r.end < window_start}) == level
+    time.sleep(args.window)
+    window_end = time.perf_counter()
+    while window_end - window_start < args.window_max and not any(
+        r.ok and r.end is not None and window_start <= r.end for r in list(records)
+    ):
+        time.sleep(0.5)  # no request finished yet: the window grows, bounded
+        window_end = time.perf_counter()
+    stop.set()
+    if kind == "direct" or last:
+        abandon.set()  # direct: the streams are closed (vLLM aborts them); last: the server stops
+    drain_started = time.perf_counter()
+    deadline = drain_started + (0 if last else args.drain)
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.perf_counter()))
+    abandon.set()
+    busy = engine_busy(server.url) if not last else None
+    while not last and busy != 0 and time.perf_counter() < deadline:
+        time.sleep(0.5)
+        busy = engine_busy(server.url)
+    drain_s = time.perf_counter() - drain_started
+
+    window = window_end - window_start
+    ended = [r for r in records if r.end is not None and window_start <= r.end <= window_end]
+    done = [r for r in ended if r.ok]
+    failed = [r for r in ended if r.error and r.error != "abandoned"]
+    figures = {
+        "tokens_per_s": round(tokens_between(records, window_start, window_end) / window, 3),
+        "window_s": round(window, 2),
+        "requests_finished": len(done),
+        "completion_tokens_mean": round(statistics.fmean(r.tokens or 0 for r in done), 1) if done else None,
+        "ttft_p50_ms": percentile([(r.first - r.submitted) * 1000 for r in done if r.first], 50),
+        "ttft_p99_ms": percentile([(r.first - r.submitted) * 1000 for r in done if r.first], 99),
+        "latency_p50_ms": percentile([(r.end - r.submitted) * 1000 for r in done], 50),
+        "latency_p99_ms": percentile([(r.end - r.submitted) * 1000 for r in done], 99),
+        "steady": steady,
+        "requests_started": len(records),
+        "errors": len(failed),
+    }
+    if kind != "direct":
+        figures["submit_p50_ms"] = percentile([(r.submit_done - r.submitted) * 1000 for r in done if r.submit_done], 50)
+        figures["engine_ttft_p50_ms"] = percentile([r.engine_ttft_ms for r in done if r.engine_ttft_ms is not None], 50)
+    figures["metrics_probe_p50_ms"] = percentile(probes, 50)
+    if failed:
+        figures["error_sample"] = failed[0].error
+    if not last:
+        figures["drained"] = busy == 0 and not any(t.is_alive() for t in threads)
+        figures["drain_s"] = round(drain_s, 1)
+        if not figures["drained"]:
+            figures["leftover"] = busy
+    figures["elapsed_s"] = round(time.perf_counter() - started, 1)
+    accepted = acceptance(done)
+    if accepted:
+        figures["acceptance"] = {k: accepted[k] for k in ("draft_accepted", "mean_acceptance_length")}
+    print(f"[gpu_pool] {server.name if kind != 'direct' else 'direct'} @ {level}: {json.dumps(figures)}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return figures, done
+
+
+def probe_sample(url: str, stop: threading.Event, samples: list[float]) -> None:
+    """How long the engine takes to answer the pool's load probe (``inference.pool.device_probe``:
+    ``GET /metrics``), once a second while the level's clients submit: the web tier's admission and
+    the worker's device choice each wait for one when their reading is older than 0.5 s."""
+    from inference.pool import device_probe
+
+    while not stop.wait(1.0):
+        started = time.perf_counter()
+        if device_probe(url, timeout=5.0).up:
+            samples.append((time.perf_counter() - started) * 1000)
+
+
+def warm_request(server: Server, prompts: Prompts, args) -> None:
+    """One routed request, untimed, before the levels: the path works end to end and the
+    engine has run once (a failure stops the run here, with the reason)."""
+    from inference import router
+    from inference.streams import stream_read
+
+    plan = router.plan()
+    router.submit(plan, messages=prompts.next(), max_tokens=args.max_tokens, temperature=0.0)
+    events = list(stream_read(plan.request_id, block_ms=int(args.startup_timeout * 1000)))
+    kind, data = events[-1][1], events[-1][2]
+    if kind != "stats":
+        raise RuntimeError(f"the first request to {server.name} failed: {data}\n{server.log.tail()}")
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def figure(results: dict, config: str, level: int, name: str):
+    return results.get(config, {}).get("levels", {}).get(str(level), {}).get(name)
+
+
+def run(args, pair: dict, folder: Path, stack: contextlib.ExitStack) -> dict:
+    prompts_all = rag_messages(args.prompts, args.prompt_tokens)
+    results: dict[str, dict] = {}
+    finished: dict[str, list[Record]] = {}
+    for name in [c for c in ROUTED if c in args.configs]:
+        server = server_start_with_fallback(name, pair, args, folder)
+        stack.callback(server_stop, server)
+        pool_register(server)
+        prompts = Prompts(prompts_all)
+        warm_request(server, prompts, args)
+        with_direct = name == "vllm_ngram" and "direct" in args.configs
+        entry = {"server": server.url, "dtype": server.dtype, "startup_s": server.startup_s, "levels": {}}
+        if server.notes:
+            entry["notes"] = server.notes
+        results[name] = entry
+        finished[name] = []
+        if with_direct:
+            results["direct"] = {"server": f"{name}'s, directly", "dtype": server.dtype, "levels": {}}
+        for position, level in enumerate(args.levels):
+            last_level = position == len(args.levels) - 1
+            kinds = ["routed", "direct"] if with_direct else ["routed"]
+            if position % 2:
+                kinds.reverse()  # alternate which side goes first
+            for order, kind in enumerate(kinds):
+                last = last_level and order == len(kinds) - 1
+                figures, done = run_level(kind, level, server, prompts, args, last=last)
+                key = "direct" if kind == "direct" else name
+                results[key]["levels"][str(level)] = figures
+                if kind != "direct":
+                    finished[name] += done
+        server_stop(server)
+        for config in (name, "direct") if with_direct else (name,):
+            results[config]["acceptance"] = acceptance(finished.get(config, []))
+    return results
+
+
+def summary(results: dict, args) -> dict:
+    def tokens(config, level):
+        return figure(results, config, level, "tokens_per_s")
+
+    out = {
+        "vllm_vs_inhouse_16": ratio(tokens("vllm_ngram", 16), tokens("inhouse", 16)),
+        "vllm_vs_inhouse_64": ratio(tokens("vllm_ngram", 64), tokens("inhouse", 64)),
+        "dispatch_efficiency_16": ratio(tokens("vllm_ngram", 16), tokens("direct", 16)),
+        "dispatch_ttft_overhead_p50_ms_16": None,
+        "speculation_gain": {
+            str(level): {
+                "ngram": ratio(tokens("vllm_ngram", level), tokens("vllm_off", level)),
+                "draft": ratio(tokens("vllm_draft", level), tokens("vllm_off", level)),
+            }
+            for level in args.levels
+        },
+        "acceptance": {
+            config: results[config].get("acceptance")
+            for config in ("inhouse", "vllm_ngram", "vllm_draft")
+            if config in results
+        },
+    }
+    routed, direct = figure(results, "vllm_ngram", 16, "ttft_p50_ms"), figure(results, "direct", 16, "ttft_p50_ms")
+    if routed is not None and direct is not None:
+        out["dispatch_ttft_overhead_p50_ms_16"] = round(routed - direct, 1)
+    # The issue's targets, as measured (None: not measured in this run).
+    checks = {
+        "vllm_vs_inhouse_16_at_least_6": (out["vllm_vs_inhouse_16"], lambda v: v >= 6),
+        "vllm_vs_inhouse_64_at_least_10": (out["vllm_vs_inhouse_64"], lambda v: v >= 10),
+        "dispatch_efficiency_16_at_least_0.9": (out["dispatch_efficiency_16"], lambda v: v >= 0.9),
+        "dispatch_ttft_overhead_p50_ms_16_at_most_5": (out["dispatch_ttft_overhead_p50_ms_16"], lambda v: v <= 5),
+    }
+    out["targets_met"] = {name: (test(value) if value is not None else None) for name, (value, test) in checks.items()}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--levels", default=None, help="Concurrent requests at each level (default 1,4,16,64).")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"Comma-separated, of: {', '.join(CONFIGS)}.")
+    parser.add_argument("--warmup", type=float, default=None, help="Seconds of each level before its window (5).")
+    parser.add_argument("--window", type=float, default=None, help="Seconds of each level's window (15).")
+    parser.add_argument("--window-max", type=float, default=None, help="Longest window, waiting for a finish (45).")
+    parser.add_argument("--drain", type=float, default=None, help="Longest wait for a level to drain (30).")
+    parser.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request (48).")
+    parser.add_argument("--prompt-tokens", type=int, default=320, help="Tokens of every prompt.")
+    parser.add_argument("--prompts", type=int, default=2048, help="Distinct prompts (each server takes them in turn).")
+    parser.add_argument("--scale", type=float, default=0.03, help="The pair's agreement knob (benchmarks.specdec).")
+    parser.add_argument("--draft-layers", type=int, default=4)
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--kv-cache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE of each vLLM server.")
+    parser.add_argument("--startup-timeout", type=float, default=600.0, help="Longest wait for a server to start.")
+    parser.add_argument("--quick", action="store_true", help="Tiny model, levels 1 and 4, short windows.")
+    parser.add_argument("--keep", action="store_true", help=f"Keep the {DATABASE} database afterwards.")
+    args = parser.parse_args()
+    quick_defaults = {"levels": "1,4", "warmup": 2.0, "window": 4.0, "window_max": 20.0, "drain": 20.0,
+                      "max_tokens": 16}  # fmt: skip
+    full_defaults = {"levels": ",".join(map(str, LEVELS)), "warmup": 5.0, "window": 15.0, "window_max": 45.0,
+                     "drain": 30.0, "max_tokens": 48}  # fmt: skip
+    defaults = quick_defaults if args.quick else full_defaults
+    customised = [name for name in defaults if getattr(args, name) is not None]
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.levels = [int(level) for level in str(args.levels).split(",") if level.strip()]
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not set(args.configs) <= set(CONFIGS) or not args.levels or min(args.levels) < 1:
+        parser.error(f"configurations are {', '.join(CONFIGS)}; levels are positive integers")
+    if "direct" in args.configs and "vllm_ngram" not in args.configs:
+        parser.error("direct runs against the vllm_ngram server: list vllm_ngram too")
+    if not 1 <= args.max_tokens < MAX_MODEL_LEN - args.prompt_tokens:
+        parser.error(f"--max-tokens must leave the prompt room in {MAX_MODEL_LEN} tokens")
+    if args.window_max < args.window:
+        args.window_max = args.window
+    # A full default run is the one whose figures are kept.
+    official = not args.quick and args.configs == list(CONFIGS) and args.levels == list(LEVELS) and not customised
+
+    # This process is the web tier: pooled connections (64 client threads), admission checks
+    # that run but never refuse (see the module docstring).
+    os.environ.update(DATABASE_POOL="on", GPU_POOL_MAX_WAITING="100000", GENERATION_QUEUE_MAX="100000")
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-gpu-pool-")))
+        print(f"[gpu_pool] saving the pair in {folder}", file=sys.stderr, flush=True)
+        pair = pair_save(folder, args)
+        stack.enter_context(own_databases(DATABASE, REDIS_DB, keep=args.keep))
+        for name in ("httpx", "httpx2", "openai"):  # a line per request otherwise
+            logging.getLogger(name).setLevel(logging.WARNING)
+        stack.enter_context(gpu_worker(folder))
+        results = run(args, pair, folder, stack)
+    result = {
+        "quick": args.quick,
+        "pair": pair["construction"],
+        "dtype": args.dtype,
+        "prompt_tokens": args.prompt_tokens,
+        "max_tokens": args.max_tokens,
+        "temperature": 0.0,
+        "k": K,
+        "levels": args.levels,
+        "warmup_s": args.warmup,
+        "window_s": args.window,
+        "window_max_s": args.window_max,
+        "drain_max_s": args.drain,
+        "worker": {"queue": "gpu", "pool": "threads", "concurrency": WORKER_THREADS},
+        "direct_schedule": "interleaved with vllm_ngram level by level, order alternating",
+        **summary(results, args),
+        "configurations": results,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
+    if official:
+        report("gpu_pool", result)
+    else:
+        print(json.dumps({"benchmark": "gpu_pool", **result, "machine": machine()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
