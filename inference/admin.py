@@ -47,6 +47,7 @@ class ProviderForm(forms.ModelForm):
             "name",
             "kind",
             "base_url",
+            "devices",
             "model",
             "context_window",
             "enabled",
@@ -77,7 +78,7 @@ class ProviderAdmin(admin.ModelAdmin):
     search_fields = ["name", "model", "base_url"]
     readonly_fields = ["created_at", "updated_at"]
     fieldsets = [
-        (None, {"fields": ["name", "kind", "base_url", "model", "context_window", "enabled"]}),
+        (None, {"fields": ["name", "kind", "base_url", "devices", "model", "context_window", "enabled"]}),
         (
             "Speculative decoding",
             {"fields": ["speculative_method", "draft_model", "speculative_k", "speculative_adaptive_k"]},

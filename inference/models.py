@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -25,6 +26,18 @@ from django.db import models
 from django.db.models import F, Q
 
 SPECULATIVE_K_MAX = 16
+
+
+def validate_device_url(value: str) -> None:
+    """An engine server's base URL: http(s) and a host. Not Django's URLValidator, which
+    refuses host names without a dot, such as compose's service names (``vllm-gpu0``)."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValidationError(f"{value!r} is not an http(s) URL with a host, such as http://127.0.0.1:8100/v1.")
+    try:
+        parts.port  # noqa: B018 (raises on a malformed port)
+    except ValueError:
+        raise ValidationError(f"{value!r} has a malformed port.") from None
 
 
 class Provider(models.Model):
@@ -46,7 +59,7 @@ class Provider(models.Model):
         max_length=500, blank=True, help_text="For OpenAI-compatible endpoints, e.g. https://api.example.com/v1."
     )
     devices = ArrayField(
-        models.URLField(max_length=500),
+        models.CharField(max_length=500, validators=[validate_device_url]),
         default=list,
         blank=True,
         help_text="A GPU pool's engine servers, one per device, e.g. http://127.0.0.1:8100/v1 (comma-separated).",

@@ -28,26 +28,6 @@ logger = logging.getLogger(__name__)
 GENERATION_TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": False}
 
 
-def _already_streamed(writer: StreamWriter, expected: int = 0) -> dict | None:
-    """Refuse to run a request twice: a message redelivered (after its whole worker vanished,
-    past the broker's visibility timeout) finds its stream already started. ``expected``:
-    the events a handover found there (``inference.execution``), which are not a restart."""
-    events, last = writer.history()
-    if events <= expected and last not in TERMINAL:
-        return None
-    if last in TERMINAL:
-        return {"skipped": "already finished"}
-    writer.write(
-        "error",
-        field=None,
-        message=(
-            f"interrupted: the worker running this request was lost after {events} event"
-            f"{'s' if events != 1 else ''}; not restarted, so that no token is sent twice"
-        ),
-    )
-    return {"error": "interrupted"}
-
-
 class _RedactedArgsTask(Task):
     """Sends ``(request_id, payload)`` with the payload left out of ``argsrepr``, the copy of
     the arguments that Celery puts in message headers, events and log records."""
@@ -74,13 +54,15 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
     handover = payload.get("handover") or {}
     expected = int(handover.get("events", 0))
     events, last = writer.history()
-    if events > expected and last not in TERMINAL:
-        # Redelivered after its whole worker vanished (kill -9 of the process group, a lost
-        # host) mid-stream: end the stream and queue the ledger row together, as the parent
-        # of a dead pool process does, instead of streaming a second answer.
+    # A message redelivered (after its whole worker vanished: kill -9, a lost host, past the
+    # broker's visibility timeout) finds its stream already started. It is never run twice:
+    # the stream may hold tokens a reader has shown, and a second answer would be billed twice.
+    if last in TERMINAL:
+        return {"skipped": "already finished"}
+    if events > expected:  # ``expected``: the events a handover found there, not a restart
+        # Mid-stream: end the stream and queue the ledger row together, as the parent of a
+        # dead pool process does.
         return _interrupted_routed_end(request_id, payload, events)
-    if (refused := _already_streamed(writer, expected=expected)) is not None:
-        return refused
     try:
         result = run_routed(request_id, payload)
     except (redis.ConnectionError, redis.TimeoutError) as exc:

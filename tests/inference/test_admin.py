@@ -1,6 +1,7 @@
-"""The operator console: providers refuse invalid speculative settings and a GPU pool without
-engine servers (or with a base URL) on the right field, upstream keys are write-only and stored encrypted, routes keep their fallbacks in order,
-canary actions go through the service functions, and the ledger is read-only."""
+"""The operator console: providers refuse invalid speculative settings, and a GPU pool without
+engine servers (or with a base URL), on the right field; upstream keys are write-only and
+stored encrypted, routes keep their fallbacks in order, canary actions go through the
+service functions, and the ledger is read-only."""
 
 from __future__ import annotations
 
@@ -16,24 +17,6 @@ from inference.models import CanaryEvent, CanaryRelease, Provider, Route, Upstre
 
 SECRET = "sk-test-Zq8w4TfR1yV7uN3pXk5LbC2m9aHd"
 DEVICE = "http://127.0.0.1:8100/v1"
-
-
-
-def devices_not_in_form(raises: type[Exception]):
-    """inference/admin.py's ProviderForm lists no "devices" field (Meta.fields, nor the admin's
-    fieldsets): a local provider cannot be added (Provider.clean()'s error on devices makes the
-    form raise ValueError instead of showing it), and a devices value posted for an upstream is
-    dropped unseen. These tests post what the design asks for and pass once the form has the
-    field; strict, so that they fail loudly then and the marker goes."""
-    return pytest.mark.xfail(
-        strict=True,
-        raises=raises,
-        reason="app bug: inference/admin.py ProviderForm has no 'devices' field "
-        "(ValueError: 'ProviderForm' has no field named 'devices')",
-    )
-
-
-DEVICES_NOT_IN_FORM = devices_not_in_form(ValueError)
 
 
 def url(name: str, *args) -> str:
@@ -102,7 +85,6 @@ def provider(db):
 # -- providers ----------------------------------------------------------------------------
 
 
-@DEVICES_NOT_IN_FORM
 def test_a_valid_provider_is_saved(admin_client):
     response = admin_client.post(
         url("inference_provider_add"), provider_data(devices=f"{DEVICE},http://127.0.0.1:8101/v1")
@@ -122,25 +104,26 @@ def test_a_valid_provider_is_saved(admin_client):
             {"speculative_method": "draft"},
             "draft_model",
             "Speculative method 'draft' needs a draft model.",
-            marks=DEVICES_NOT_IN_FORM,
         ),
         pytest.param(
             {"speculative_method": "eagle3"},
             "draft_model",
             "Speculative method 'eagle3' needs a draft model.",
-            marks=DEVICES_NOT_IN_FORM,
         ),
         pytest.param(
             {"speculative_method": "both"},
             "draft_model",
             "Speculative method 'both' needs a draft model.",
-            marks=DEVICES_NOT_IN_FORM,
         ),
         pytest.param(
-            {"speculative_k": "0"}, "speculative_k", "k must be between 1 and 16, got 0.", marks=DEVICES_NOT_IN_FORM
+            {"speculative_k": "0"},
+            "speculative_k",
+            "k must be between 1 and 16, got 0.",
         ),
         pytest.param(
-            {"speculative_k": "17"}, "speculative_k", "k must be between 1 and 16, got 17.", marks=DEVICES_NOT_IN_FORM
+            {"speculative_k": "17"},
+            "speculative_k",
+            "k must be between 1 and 16, got 17.",
         ),
         (
             {
@@ -167,13 +150,11 @@ def test_invalid_speculative_settings_are_refused_on_their_field(admin_client, o
     assert not Provider.objects.exists()
 
 
-@devices_not_in_form(AssertionError)
 def test_the_provider_form_asks_for_devices(admin_client):
     page = admin_client.get(url("inference_provider_add")).content.decode()
     assert 'name="devices"' in page
 
 
-@DEVICES_NOT_IN_FORM
 @pytest.mark.parametrize(
     ("overrides", "field", "message"),
     [
@@ -193,7 +174,6 @@ def test_a_pool_needs_devices_and_no_base_url(admin_client, overrides, field, me
     assert not Provider.objects.exists()
 
 
-@devices_not_in_form(AssertionError)  # today the devices are dropped and the upstream saved (302)
 def test_an_upstream_has_no_devices(admin_client):
     response = admin_client.post(
         url("inference_provider_add"), provider_data(kind="openai-compatible", base_url="http://localhost:8001/v1")

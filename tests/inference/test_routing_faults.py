@@ -367,7 +367,8 @@ def test_requests_fail_over_between_keys_through_a_remote_worker(start_worker, u
 
 
 POOL_MODEL = "tiny-pool"
-POOL_PROMPT = "the wing flow of the shock wave"
+# It repeats itself: prompt lookup finds n-grams to propose from the first step on.
+POOL_PROMPT = "the wing flow of the shock wave and the wing flow of the shock wave and the wing flow of the shock"
 
 
 @pytest.fixture(scope="module")
@@ -431,7 +432,8 @@ def test_a_pool_serves_from_its_device_that_answers_and_reports_the_engines_spec
         POOL_MODEL,
     )
     spec = stats["speculative"]
-    assert spec["draft_tokens_proposed"] == engine_counter(device, "vllm:spec_decode_num_draft_tokens") - proposed_before
+    proposed = engine_counter(device, "vllm:spec_decode_num_draft_tokens") - proposed_before
+    assert spec["draft_tokens_proposed"] == proposed > 0  # the engine's own count of this request
     assert (spec["spec_tokens"], len(spec["acceptance_histogram"]), sum(spec["acceptance_histogram"])) == (
         4,
         5,

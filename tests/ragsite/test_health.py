@@ -58,9 +58,7 @@ def test_a_pool_whose_device_does_not_answer_is_not_ready_and_named(engine_devic
     pool_make("half-pool", engine_device, closed)
     pool_make("lit-pool", engine_device)
     pool_make("off-pool", closed, enabled=False)
-    Provider.objects.create(
-        name="upstream", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url=closed, model="tiny-pool"
-    )
+    Provider.objects.create(name="upstream", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url=closed, model="tiny-pool")
 
     pools = readiness_summary()["checks"]["pools"]
 

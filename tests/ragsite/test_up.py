@@ -327,7 +327,7 @@ def test_without_gpus_up_builds_one_server_on_the_cpu_and_keeps_an_existing_defa
 def test_engine_servers_that_run_elsewhere_are_registered_not_started(pool_settings, tmp_path):
     from inference.models import Provider
 
-    urls = ["http://vllm-gpu0:8000/v1", "http://vllm-gpu1:8000/v1"]
+    urls = ["http://10.0.0.5:8000/v1", "http://gpu1.internal:8000/v1"]
     pool_settings.GPU_POOL_DEVICE_URLS = urls
     pool_settings.VLLM_PYTHON = str(tmp_path / "no-such-python")  # not needed: nothing is started
     command = up_command()
@@ -342,6 +342,16 @@ def test_engine_servers_that_run_elsewhere_are_registered_not_started(pool_setti
     call_command("pool_register", stdout=out)
     assert Provider.objects.get(name="test-pool").devices == urls
     assert out.getvalue() == f"pool test-pool: /models/tiny (ngram, k=5) on {', '.join(urls)}\n"
+
+
+@pytest.mark.django_db
+def test_compose_service_names_are_devices_pool_register_accepts(pool_settings):
+    from inference.models import Provider
+
+    urls = ["http://vllm-gpu0:8000/v1", "http://vllm-gpu1:8000/v1"]  # docker-compose.yml's services
+    pool_settings.GPU_POOL_DEVICE_URLS = urls
+    call_command("pool_register", stdout=io.StringIO())
+    assert Provider.objects.get(name="test-pool").devices == urls
 
 
 @pytest.mark.django_db
