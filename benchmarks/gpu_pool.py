@@ -1,26 +1,28 @@
 """The GPU pool: vLLM against the in-house engine, through the real ``gpu`` queue, and the
 price of the dispatch against clients calling the engine directly.
 
-    python -m benchmarks.gpu_pool [--levels 1,4,16,64] [--warmup 5] [--window 15] [--drain 30]
-                                  [--max-tokens 48] [--configs inhouse,vllm_off,vllm_ngram,vllm_draft]
-                                  [--dtype bfloat16] [--quick] [--keep]
+    python -m benchmarks.gpu_pool [--levels 1,4,16,64] [--warmup 5] [--warmup-max 150]
+                                  [--window 30] [--window-max 60] [--drain 30] [--max-tokens 32]
+                                  [--configs inhouse,vllm_off,vllm_ngram,vllm_draft,direct]
+                                  [--dtype auto|bfloat16|float32] [--quick] [--keep]
 
 Configurations (one engine server at a time: started, measured at every level, stopped)
     ``inhouse``: our engine behind the OpenAI protocol (``python -m inference.engine.server``,
     n-gram speculation, k = 4), one sequence at a time: the pool as it served before.
     ``vllm_off``, ``vllm_ngram``, ``vllm_draft``: vLLM (``inference.serving``, as ``manage.py
-    up`` starts it) without speculation, with prompt-lookup n-grams (k = 4), with the draft
-    model (k = 4). These four are served through the product's path: ``inference.router.plan``
-    and ``router.submit`` (the web tier's two calls), the message on queue ``gpu``, a real
-    Celery worker (``--pool threads -c 128``) running ``inference.tasks.generate_routed``,
-    which streams from the pool's device into Redis (``gen:<request_id>``) and queues the
-    ledger row; the client reads the stream (``inference.streams.stream_read``).
+    up`` starts it, vLLM's defaults otherwise) without speculation, with prompt-lookup n-grams
+    (k = 4), with the draft model (k = 4). These four are served through the product's path:
+    ``inference.router.plan`` and ``router.submit`` (the web tier's two calls, no ``link``),
+    the message on queue ``gpu``, a real Celery worker (``--pool threads -c 128``) running
+    ``inference.tasks.generate_routed``, which picks the device (``inference.pool.device_pick``),
+    streams from it into Redis (``gen:<request_id>``) and queues the ledger row; the client
+    reads the stream (``inference.streams.stream_read``).
     ``direct``: closed-loop clients calling the ``vllm_ngram`` server with the official
     ``openai`` client (one client shared by the threads; streamed chat completions with
     ``stream_options={"include_usage": True}``): no router, no queue, no Redis. It runs while
     that server is up, interleaved with ``vllm_ngram`` level by level, their order alternating
-    from one level to the next (routed first at 1 and 16, direct first at 4 and 64), so that
-    the machine's drift falls on both sides of ``dispatch_efficiency_16``.
+    (routed first at 1 and 16, direct first at 4 and 64), so that the machine's drift falls on
+    both sides of ``dispatch_efficiency_16``.
 
 The pair (no weights can be downloaded here): ``benchmarks.specdec``'s, saved once with
 ``save_pretrained`` into a temporary folder: a random Llama target of 24 layers, width 1024,
@@ -28,9 +30,12 @@ vocabulary 8192 (about 300M parameters), and a draft made of its own embedding, 
 final norm and head; ``--scale`` sets how often they agree. The tokenizer is specdec's
 word-level one (Cranfield's commonest words) with a chat template that joins the messages'
 contents with a blank line (vLLM serves chat only with a template). Every server loads the
-same files with ``--dtype`` (bfloat16 unless vLLM refuses it, then float32, said in the
-result). ``--quick``: the tests' tiny model (4 layers, width 256) as target and as its own
-draft, levels 1 and 4, short windows: for development.
+same files in one dtype: ``--dtype auto`` is bfloat16 where the CPU computes it natively
+(AVX-512 BF16 or AMX), else float32 (``dtype_choose``: emulated bfloat16 is about six times
+slower in both engines); vLLM accepts bfloat16 on CPU, and should it refuse, the server is
+started in float32 and the configuration's ``notes`` say so. ``--quick``: the tests' tiny
+model (4 layers, width 256) as target and as its own draft, levels 1 and 4, short windows:
+for development.
 
 Prompts. RAG prompts as ``benchmarks.specdec.rag_prompts`` builds them, as chat messages: a
 system message ("answer from the sources .") and a user message holding three retrieved
@@ -42,21 +47,29 @@ RAG service. Greedy (temperature 0); the target never emits EOS (specdec's const
 every completion is ``--max-tokens`` tokens.
 
 A level (N concurrent requests). N client threads, closed loop: each submits its next request
-as soon as its previous one ended. A warm-up of ``--warmup`` seconds, then a window of
-``--window`` seconds, extended (at most to ``--window-max``) until it holds at least one
-finished request. Figures over the window:
+as soon as its previous one ended. A warm-up of at least ``--warmup`` seconds that goes on
+until every client has ended a request (past the first cycle, whose N simultaneous arrivals
+the steady state never sees), at most ``--warmup-max`` (the in-house engine, which serves one
+request after another, is not waited for when N times its level-1 latency exceeds that: its
+cycle could not end in time); then a window of ``--window`` seconds, extended (at most to
+``--window-max``) until it holds a finished request. Over the window:
     ``tokens_per_s``: output tokens that arrived inside the window / the window's seconds. Each
     delta is stamped when the client reads it; a request's reported completion tokens are
     spread over its deltas by their words (a speculative step can stream several tokens in one
-    delta; special tokens stream no text), a request that never ended counts its words.
+    delta; special tokens stream no text); a request that never ended counts its words.
     ``ttft_p50_ms``/``p99``: from the client's submission (before ``router.plan`` for routed
     requests; before ``chat.completions.create`` for direct) to the first delta it reads (the
     first content chunk for direct), over the requests that finished inside the window;
     ``latency_p50_ms``/``p99``: to the end of the stream (the ``stats`` event; the usage chunk
-    and the stream's end for direct), same requests. ``submit_p50_ms``: the web tier's two
-    calls alone. ``steady``: whether every client had already finished a request before the
-    window opened (else the window still holds the first cycle's requests, whose latencies are
-    below the steady state's: with batch-1 serving at 64, one cycle is 64 requests long).
+    and the stream's end for direct), same requests. Routed only: ``submit_p50_ms``, the web
+    tier's two calls; ``engine_ttft_p50_ms``, the TTFT the worker measured from its attempt's
+    start (the ``stats`` event), so that ``ttft_p50_ms`` minus it is the dispatch before the
+    engine. ``metrics_probe_p50_ms``: how long the engine took to answer the pool's load probe
+    (``GET /metrics``, sampled once a second), which admission and the device choice wait for
+    when their reading is older than ``inference.pool.LOAD_MAX_AGE_S``. ``steady``: whether
+    every client had ended a request before the window opened; false where the warm-up ran out
+    first (a batch-1 engine at 64 needs 64 requests' time for one cycle), and then the window's
+    latencies are those of the first cycle, below the steady state's.
     Then the clients stop submitting, and the level drains: the clients read their requests to
     their end and the engine reports nothing running or waiting, for at most ``--drain``
     seconds (``drained`` and ``leftover`` say how it went; a leftover request loads the next
@@ -71,10 +84,20 @@ difference. ``speculation_gain``: per level, ``vllm_ngram`` and ``vllm_draft`` o
 ``vllm_off``. ``acceptance``: what each speculative configuration's engine reported on the
 stats events (``speculative``) of the requests finished in its windows: accepted over proposed
 draft tokens, and the mean acceptance length (tokens per verify step, the bonus one included).
-``targets``: the issue's, reported as measured (vLLM at least 6x the in-house engine at 16
-and 10x at 64, dispatch efficiency at least 0.9 at 16, TTFT overhead at most 5 ms p50): these
-are GPU targets; on this machine's two cores both engines are bound by the prompt pass's
-arithmetic, which batching does not remove.
+``targets_met``: the issue's targets, as measured (vLLM at least 6x the in-house engine at 16
+and 10x at 64, dispatch efficiency at least 0.9 at 16, TTFT overhead at most 5 ms p50); they
+are GPU targets: on two CPU cores both engines are bound by the arithmetic of the prompt pass
+(320 tokens for 32 generated), which batching does not remove.
+
+Duration. On this project's 2-core AVX2 machine (float32, shared), a request of the 300M pair
+alone took about 7 s on vLLM (half of it the prompt pass) and about 27 s on the in-house engine
+(48 tokens; 7.5 s the prompt pass); vLLM's first cycle at 16 had not ended after 48 s. So one
+cycle of vLLM at 64 (every client served once) lasts a few minutes, and one of the in-house
+engine at 16 or 64 far longer than any warm-up here: its windows there are not ``steady``
+(its tokens/s does not depend on it: it serves one request at a time either way). With the
+defaults a full run should take about 30 to 45 minutes (an estimate from those pieces: 20
+level runs, three vLLM start-ups of 2.5 to 3.5 minutes). Every wait is bounded: a level lasts
+at most ``--warmup-max`` + ``--window-max`` + ``--drain``, a start-up ``--startup-timeout``.
 
 The worker. ``ROUTER_MAX_ATTEMPTS=1`` (a failed request is counted, never retried into the next
 level), the provider's first-token and total timeouts and ``ROUTER_DEADLINE_S`` at 900 s (a
@@ -87,8 +110,8 @@ Database and Redis: a database of its own, ``ragsite_bench_gpu_pool``, on the pr
 PostgreSQL (dropped after unless ``--keep``), and Redis database 12 of the project's server
 (emptied first), which is also the worker's broker. Everything listens on 127.0.0.1; servers and
 worker are stopped at the end, on an error and on Ctrl-C or SIGTERM too. The result is written
-to ``benchmarks/results/gpu_pool.json`` only by a full default run (all configurations and
-levels, not ``--quick``); other runs print their JSON line only.
+to ``benchmarks/results/gpu_pool.json`` only by a full default run (every configuration and
+level, default windows, not ``--quick``); other runs print their JSON line only.
 """
 
 from __future__ import annotations
@@ -141,6 +164,25 @@ def _on_sigterm(signum, frame):
 
 
 # --------------------------------------------------------------------------- the pair and prompts
+
+
+def dtype_choose(requested: str) -> tuple[str, str]:
+    """The dtype every server loads the pair in, and why. bfloat16 is the issue's (what a GPU
+    runs); a CPU without native bfloat16 arithmetic (AVX-512 BF16 or AMX) emulates it in both
+    engines, about six times slower than float32 (a 320 x 1024 x 2816 matmul on this project's
+    AVX2 machine: 7.5 against 45 GFLOPS), which would measure the emulation rather than the
+    engines and take hours at 64."""
+    if requested != "auto":
+        return requested, "--dtype"
+    import torch
+
+    native = torch.cpu._is_avx512_bf16_supported() or (
+        hasattr(torch.cpu, "_is_amx_tile_supported") and torch.cpu._is_amx_tile_supported()
+    )
+    if native:
+        return "bfloat16", "the CPU computes bfloat16 natively"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return "float32", f"this CPU ({capability}) has no native bfloat16 arithmetic: float32 (--dtype bfloat16 forces it)"
 
 
 def pair_save(folder: Path, args) -> dict:
@@ -582,9 +624,13 @@ def acceptance(records: list[Record]) -> dict | None:
     }
 
 
-def run_level(kind: str, level: int, server: Server, prompts: Prompts, args, *, last: bool) -> tuple[dict, list]:
+def run_level(
+    kind: str, level: int, server: Server, prompts: Prompts, args, *, last: bool, cycle_s: float | None = None
+) -> tuple[dict, list]:
     """One level of one configuration (``kind``: routed or direct); returns its figures and
-    the records of the requests that finished in its window."""
+    the records of the requests that finished in its window. ``cycle_s``: how long one cycle
+    (every client served once) is expected to last, when known (a batch-1 engine: the level
+    times one request's latency alone); the warm-up does not wait for a cycle it cannot see end."""
     records: list[Record] = []
     stop, abandon = threading.Event(), threading.Event()
     if kind == "direct":
@@ -606,7 +652,15 @@ def run_level(kind: str, level: int, server: Server, prompts: Prompts, args, *, 
     for thread in threads:
         thread.start()
     sampler.start()
+    # Warm-up: at least --warmup seconds, then until every client has ended a request (past the
+    # first cycle, whose simultaneous arrivals the steady state never sees), at most --warmup-max.
     time.sleep(args.warmup)
+    while (
+        (cycle_s is None or cycle_s <= args.warmup_max)
+        and time.perf_counter() - started < args.warmup_max
+        and len({r.client for r in list(records) if r.end is not None}) < level
+    ):
+        time.sleep(0.25)
     window_start = time.perf_counter()
     # Whether every client had finished a request before the window: past the first cycle.
     steady = len({r.client for r in list(records) if r.end is not None and r.end < window_start}) == level
@@ -730,7 +784,9 @@ def run(args, pair: dict, folder: Path, stack: contextlib.ExitStack) -> dict:
                 kinds.reverse()  # alternate which side goes first
             for order, kind in enumerate(kinds):
                 last = last_level and order == len(kinds) - 1
-                figures, done = run_level(kind, level, server, prompts, args, last=last)
+                alone = figure(results, name, 1, "latency_p50_ms") if name == "inhouse" else None
+                cycle_s = level * alone / 1000 if alone else None  # batch 1: one request after another
+                figures, done = run_level(kind, level, server, prompts, args, last=last, cycle_s=cycle_s)
                 key = "direct" if kind == "direct" else name
                 results[key]["levels"][str(level)] = figures
                 if kind != "direct":
@@ -781,27 +837,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--levels", default=None, help="Concurrent requests at each level (default 1,4,16,64).")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"Comma-separated, of: {', '.join(CONFIGS)}.")
-    parser.add_argument("--warmup", type=float, default=None, help="Seconds of each level before its window (5).")
-    parser.add_argument("--window", type=float, default=None, help="Seconds of each level's window (15).")
-    parser.add_argument("--window-max", type=float, default=None, help="Longest window, waiting for a finish (45).")
+    parser.add_argument("--warmup", type=float, default=None, help="Shortest warm-up of a level, seconds (5).")
+    parser.add_argument(
+        "--warmup-max",
+        type=float,
+        default=None,
+        help="Longest warm-up, seconds, waiting for every client to end a request (150).",
+    )
+    parser.add_argument("--window", type=float, default=None, help="Seconds of each level's window (30).")
+    parser.add_argument("--window-max", type=float, default=None, help="Longest window, waiting for a finish (60).")
     parser.add_argument("--drain", type=float, default=None, help="Longest wait for a level to drain (30).")
-    parser.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request (48).")
+    parser.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request (32).")
     parser.add_argument("--prompt-tokens", type=int, default=320, help="Tokens of every prompt.")
     parser.add_argument("--prompts", type=int, default=2048, help="Distinct prompts (each server takes them in turn).")
     parser.add_argument("--scale", type=float, default=0.03, help="The pair's agreement knob (benchmarks.specdec).")
     parser.add_argument("--draft-layers", type=int, default=4)
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    parser.add_argument("--kv-cache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE of each vLLM server.")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "bfloat16", "float32"),
+        help="auto: bfloat16 where the CPU computes it natively (AVX-512 BF16 or AMX), else float32.",
+    )
+    parser.add_argument(
+        "--kv-cache-gib",
+        type=int,
+        default=6,
+        help="VLLM_CPU_KVCACHE_SPACE of each vLLM server (6: 64 requests of 352 tokens fit in float32).",
+    )
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="Longest wait for a server to start.")
     parser.add_argument("--quick", action="store_true", help="Tiny model, levels 1 and 4, short windows.")
     parser.add_argument("--keep", action="store_true", help=f"Keep the {DATABASE} database afterwards.")
     args = parser.parse_args()
-    quick_defaults = {"levels": "1,4", "warmup": 2.0, "window": 4.0, "window_max": 20.0, "drain": 20.0,
-                      "max_tokens": 16}  # fmt: skip
-    full_defaults = {"levels": ",".join(map(str, LEVELS)), "warmup": 5.0, "window": 15.0, "window_max": 45.0,
-                     "drain": 30.0, "max_tokens": 48}  # fmt: skip
+    quick_defaults = {"levels": "1,4", "warmup": 2.0, "warmup_max": 10.0, "window": 4.0, "window_max": 20.0,
+                      "drain": 20.0, "max_tokens": 16}  # fmt: skip
+    full_defaults = {"levels": ",".join(map(str, LEVELS)), "warmup": 5.0, "warmup_max": 150.0, "window": 30.0,
+                     "window_max": 60.0, "drain": 30.0, "max_tokens": 32}  # fmt: skip
     defaults = quick_defaults if args.quick else full_defaults
-    customised = [name for name in defaults if getattr(args, name) is not None]
+    customised = [name for name, value in defaults.items() if getattr(args, name) not in (None, value)]
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -813,15 +885,19 @@ def main() -> None:
         parser.error("direct runs against the vllm_ngram server: list vllm_ngram too")
     if not 1 <= args.max_tokens < MAX_MODEL_LEN - args.prompt_tokens:
         parser.error(f"--max-tokens must leave the prompt room in {MAX_MODEL_LEN} tokens")
-    if args.window_max < args.window:
-        args.window_max = args.window
+    args.window_max = max(args.window_max, args.window)
+    args.warmup_max = max(args.warmup_max, args.warmup)
     # A full default run is the one whose figures are kept.
+    customised += [name for name in ("prompt_tokens", "prompts", "scale", "draft_layers")
+                   if getattr(args, name) != parser.get_default(name)]  # fmt: skip
     official = not args.quick and args.configs == list(CONFIGS) and args.levels == list(LEVELS) and not customised
 
     # This process is the web tier: pooled connections (64 client threads), admission checks
     # that run but never refuse (see the module docstring).
     os.environ.update(DATABASE_POOL="on", GPU_POOL_MAX_WAITING="100000", GENERATION_QUEUE_MAX="100000")
     signal.signal(signal.SIGTERM, _on_sigterm)
+    args.dtype, dtype_reason = dtype_choose(args.dtype)
+    print(f"[gpu_pool] dtype {args.dtype}: {dtype_reason}", file=sys.stderr, flush=True)
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-gpu-pool-")))
@@ -836,12 +912,14 @@ def main() -> None:
         "quick": args.quick,
         "pair": pair["construction"],
         "dtype": args.dtype,
+        "dtype_reason": dtype_reason,
         "prompt_tokens": args.prompt_tokens,
         "max_tokens": args.max_tokens,
         "temperature": 0.0,
         "k": K,
         "levels": args.levels,
         "warmup_s": args.warmup,
+        "warmup_max_s": args.warmup_max,
         "window_s": args.window,
         "window_max_s": args.window_max,
         "drain_max_s": args.drain,

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass
 
 import httpx2
-from prometheus_client.parser import text_string_to_metric_families
 
 # A device's load is reused this long by a process before its /metrics is read again.
 LOAD_MAX_AGE_S = 0.5
@@ -70,14 +69,25 @@ def device_probe(url: str, *, timeout: float = PROBE_TIMEOUT_S) -> DeviceLoad:
         return DeviceLoad(url, up=False, error=_reason(exc))
     if response.status_code != 200:
         return DeviceLoad(url, up=False, error=f"/metrics answered HTTP {response.status_code}")
-    counts = {RUNNING: 0.0, WAITING: 0.0}
     try:
-        for family in text_string_to_metric_families(response.text):
-            if family.name in counts:
-                counts[family.name] += sum(sample.value for sample in family.samples)
+        running, waiting = _gauges(response.text)
     except ValueError as exc:
         return DeviceLoad(url, up=False, error=f"unreadable /metrics ({exc})")
-    return DeviceLoad(url, up=True, running=int(counts[RUNNING]), waiting=int(counts[WAITING]))
+    return DeviceLoad(url, up=True, running=running, waiting=waiting)
+
+
+def _gauges(text: str) -> tuple[int, int]:
+    """The sums of ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` over their
+    label sets, from Prometheus text: only those samples' lines are parsed."""
+    counts = {RUNNING: 0.0, WAITING: 0.0}
+    for line in text.splitlines():
+        if not line.startswith("vllm:num_requests_"):
+            continue
+        name, _, rest = line.partition("{") if "{" in line.split(" ", 1)[0] else line.partition(" ")
+        if name in counts:
+            value = rest.rsplit("}", 1)[-1].split()[0] if "}" in rest else rest.split()[0]
+            counts[name] += float(value)
+    return int(counts[RUNNING]), int(counts[WAITING])
 
 
 def device_health(url: str, *, timeout: float = PROBE_TIMEOUT_S) -> str:
@@ -90,23 +100,40 @@ def device_health(url: str, *, timeout: float = PROBE_TIMEOUT_S) -> str:
 
 
 class _Loads:
-    """This process's latest load of each device, and the generations it sent to each since."""
+    """This process's latest load of each device, the generations it sent to each since, and
+    the devices being read again in the background."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.loads: dict[str, tuple[float, DeviceLoad]] = {}
         self.sent_since: dict[str, int] = {}
+        self.refreshing: set[str] = set()
 
-    def get(self, urls: list[str], max_age: float) -> list[DeviceLoad]:
+    def get(self, urls: list[str], max_age: float, fresh: bool) -> list[DeviceLoad]:
         now = time.monotonic()
         with self.lock:
-            stale = [url for url in urls if url not in self.loads or now - self.loads[url][0] > max_age]
-        fresh = {url: device_probe(url) for url in stale}  # outside the lock: network calls
+            unknown = [url for url in urls if fresh or url not in self.loads]
+            stale = [url for url in urls if url not in unknown and now - self.loads[url][0] > max_age]
+            stale = [url for url in stale if url not in self.refreshing]
+            self.refreshing.update(stale)
+        for url in stale:
+            threading.Thread(target=self._refresh, args=(url,), name="pool-load", daemon=True).start()
+        for url in unknown:  # the first reading (nothing to serve yet), or one asked for
+            self._store(url, device_probe(url))
         with self.lock:
-            for url, load in fresh.items():
-                self.loads[url] = (time.monotonic(), load)
-                self.sent_since[url] = 0
             return [self.loads[url][1] for url in urls]
+
+    def _refresh(self, url: str) -> None:
+        try:
+            self._store(url, device_probe(url))
+        finally:
+            with self.lock:
+                self.refreshing.discard(url)
+
+    def _store(self, url: str, load: DeviceLoad) -> None:
+        with self.lock:
+            self.loads[url] = (time.monotonic(), load)
+            self.sent_since[url] = 0
 
     def sent(self, url: str) -> None:
         with self.lock:
@@ -124,9 +151,11 @@ class _Loads:
 _loads = _Loads()
 
 
-def devices_load(urls: list[str], *, max_age: float = LOAD_MAX_AGE_S) -> list[DeviceLoad]:
-    """The load of each device (in ``urls``' order), at most ``max_age`` seconds old."""
-    return _loads.get(list(urls), max_age)
+def devices_load(urls: list[str], *, max_age: float = LOAD_MAX_AGE_S, fresh: bool = False) -> list[DeviceLoad]:
+    """The load of each device (in ``urls``' order): the latest reading, read again in the
+    background once older than ``max_age`` seconds (see the module docstring); ``fresh``:
+    read now, on this thread."""
+    return _loads.get(list(urls), max_age, fresh)
 
 
 def device_pick(urls: list[str]) -> str:
@@ -134,6 +163,8 @@ def device_pick(urls: list[str]) -> str:
     (running and waiting on its server, plus those this process sent since it last read
     that), the first listed among equals. With none up, the first device: the attempt
     then fails with the connection's own reason, and the router retries or fails over."""
+    if len(urls) == 1:
+        return urls[0]  # nothing to choose: no reading needed
     loads = devices_load(urls)
     up = [load for load in loads if load.up]
     if not up:

@@ -72,6 +72,19 @@ def mask(text: str) -> str:
     return text
 
 
+# Tasks whose results hold what users asked or were answered.
+_WITHHELD_RESULTS = frozenset({"inference.tasks.generate_routed"})
+
+
+def _is_result_of_a_generation(record: logging.LogRecord) -> bool:
+    return (
+        record.name == "celery.app.trace"
+        and isinstance(record.args, dict)
+        and "return_value" in record.args
+        and record.args.get("name") in _WITHHELD_RESULTS
+    )
+
+
 class ContextFilter(logging.Filter):
     """Adds ``request_id`` (and the Celery task) to each record and masks secrets in it."""
 
@@ -82,6 +95,13 @@ class ContextFilter(logging.Filter):
         task = task_var.get()
         if task and not getattr(record, "task_id", None):
             record.task_id, record.task = task
+        if _is_result_of_a_generation(record):
+            # Celery logs what a task returned (in the message, and again as the record's
+            # ``data``); a generation returns the answer's text, which, like its prompt
+            # (inference.tasks._RedactedArgsTask), stays out of the logs.
+            record.args = {**record.args, "return_value": "<result withheld>"}
+            if isinstance(getattr(record, "data", None), dict):
+                record.data = {**record.data, "return_value": "<result withheld>"}
         try:
             message = record.getMessage()
         except Exception:  # a malformed call: leave it to the formatter to report

@@ -7,7 +7,7 @@ import logging
 import random
 
 import redis
-from celery import shared_task
+from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
@@ -101,7 +101,20 @@ def search_indexes_maintain() -> str | None:
 # already stored, is left as it is), so a redelivered message does no harm.
 
 
-@shared_task(name="search.tasks.answer_finalize", bind=True, ignore_result=True, max_retries=None)
+class _GenerationResultTask(Task):
+    """A task called with a generation's result first (``router.submit``'s ``link``): the
+    result holds the answer's text, so the copy of the arguments that Celery puts in message
+    headers and log lines (``argsrepr``) leaves it out."""
+
+    def apply_async(self, args=None, kwargs=None, **options):
+        if args and "argsrepr" not in options:
+            options["argsrepr"] = repr(("<result withheld>", *args[1:]))
+        return super().apply_async(args, kwargs, **options)
+
+
+@shared_task(
+    name="search.tasks.answer_finalize", bind=True, base=_GenerationResultTask, ignore_result=True, max_retries=None
+)
 def answer_finalize(self, result: dict, answer_id: str) -> None:
     """Store the end of an answer's generation (``search.answers.answer_finalize``). When the
     result is not the generation's end (it went on on another queue), watch the stream."""
@@ -112,7 +125,9 @@ def answer_finalize(self, result: dict, answer_id: str) -> None:
     )
 
 
-@shared_task(name="search.tasks.answer_map_collect", bind=True, ignore_result=True, max_retries=None)
+@shared_task(
+    name="search.tasks.answer_map_collect", bind=True, base=_GenerationResultTask, ignore_result=True, max_retries=None
+)
 def answer_map_collect(self, result: dict, answer_id: str, index: int) -> None:
     """Store one map request's notes of a map-reduce answer; the last submits the reduce."""
     from search import answers

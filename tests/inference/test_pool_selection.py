@@ -322,7 +322,7 @@ def test_pool_admit_refuses_while_the_engines_hold_their_bound_of_waiting_reques
 
     # The engine drained: admitted at the tightest bound (once this process reads it again).
     settings.GPU_POOL_MAX_WAITING = 1
-    loads = pool.devices_load(provider.devices, max_age=0)
+    loads = pool.devices_load(provider.devices, fresh=True)
     assert [(load.up, load.running, load.waiting) for load in loads] == [(True, 0, 0), (True, 0, 0)]
     pool_admit(provider)
 
@@ -369,5 +369,5 @@ def test_a_device_an_attempt_could_not_reach_is_passed_over_until_its_next_readi
     [load] = pool.devices_load([idle])
     assert (load.up, load.error) == (False, "ConnectError: [Errno 111] Connection refused")
     # Its next reading (here forced) finds it up again.
-    [load] = pool.devices_load([idle], max_age=0)
+    [load] = pool.devices_load([idle], fresh=True)
     assert load.up

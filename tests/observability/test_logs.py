@@ -81,6 +81,13 @@ def test_a_request_id_follows_a_question_to_the_worker_and_the_ledger(
     row = UsageRecord.objects.get(request_id=answer["id"])
     assert (row.kind, row.status, row.trace_id) == ("generation", "ok", request_id)
     assert token not in web_log + worker_log
+    # The generation's result (the answer's text) is withheld from Celery's success line, as its
+    # payload is from the task's arguments.
+    [succeeded] = [
+        line for line in worker_lines if "generate_routed" in line["message"] and "succeeded" in line["message"]
+    ]
+    assert succeeded["message"].endswith(": <result withheld>")
+    assert REPLY not in worker_log
 
 
 def test_the_filter_masks_secrets_and_adds_the_request_id():
