@@ -181,6 +181,17 @@ def browser():
         yield driver
 
 
+# The first test to use a vLLM pool also waits for its server to start (~100 s alone, more on a
+# busy machine), inside pytest-timeout's limit, which covers fixture set-up.
+VLLM_TEST_TIMEOUT_S = 900
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if {"ngram_pool", "draft_pool"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.timeout(VLLM_TEST_TIMEOUT_S))
+
+
 @pytest.fixture(scope="session")
 def ngram_pool(tmp_path_factory):
     """A vLLM server speculating with n-grams of the prompt (k=4), shared by the session."""

@@ -24,7 +24,8 @@ from tests.conftest import celery_worker
 from tests.search.files import ingest_texts
 from tests.search.test_answers import DOCUMENTS, deltas, read_stream, wait_for_answer
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# Each test may wait for a vLLM server to start, or (the kill test) to start again.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
@@ -136,20 +137,32 @@ def test_sixteen_concurrent_greedy_answers_each_get_the_text_it_gets_alone(ngram
     assert max(running_seen) >= 2  # batched: the server ran several of them at once
 
 
-def test_a_prompt_longer_than_the_servers_window_fails_with_its_reason_once(ngram_pool, workers, corpus):
-    provider = Provider.objects.create(name="wide", **{**ngram_pool.provider_fields(), "context_window": 100_000})
-    Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=16)
-    # 1,990 one-token words (within the 4,000 characters a question may have), the sources and
-    # the instructions: over the server's 2,048 tokens.
-    question = " ".join(["a"] * 1990)
+def test_a_request_the_engine_refuses_fails_with_the_engines_reason_once(ngram_pool, workers, corpus):
+    """Straight to the router (answers count the prompt with the model's tokenizer first and
+    would refuse it themselves): 2,500 one-token words, over the server's 2,048 tokens."""
+    from billing import ledger
+    from inference import router
+    from inference.streams import stream_read
 
-    answer = answer_create(workspace=corpus, question=question)
-    stored = wait_for_answer(answer.pk)
+    pool_route(ngram_pool, max_tokens=16)
+    plan = router.plan()
+    router.submit(plan, messages=[{"role": "user", "content": " ".join(["a"] * 2500)}])
+    events = list(stream_read(plan.request_id, block_ms=60000))
+    deadline = time.monotonic() + 30  # the worker stores the row right after the stream's end
+    while not UsageRecord.objects.filter(request_id=plan.request_id).exists() and time.monotonic() < deadline:
+        ledger.drain()
+        time.sleep(0.2)
 
-    assert stored.status == Answer.Status.FAILED
-    assert "HTTP 400" in stored.error and "2048" in stored.error, stored.error
-    record = UsageRecord.objects.get(request_id=answer.pk)
-    assert (record.status, record.error_class, record.attempts) == ("error", "bad_request", 1)
+    [(_, kind, error)] = events
+    assert (kind, error["kind"], error["status"], error["tokens_sent"]) == ("error", "bad_request", 400, 0)
+    assert "2048" in error["message"] and "retrying will not help" in error["message"], error["message"]
+    record = UsageRecord.objects.get(request_id=plan.request_id)
+    assert (record.status, record.error_class, record.attempts, record.completion_tokens) == (
+        "error",
+        "bad_request",
+        1,
+        0,
+    )
 
 
 def test_a_killed_server_fails_its_answer_once_is_named_by_readyz_and_comes_back(ngram_pool, workers, corpus):
