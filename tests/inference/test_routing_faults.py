@@ -40,8 +40,8 @@ from tests.inference.routing_helpers import (
     routed,
     unique,
 )
-from tests.inference.test_pool_selection import closed_device, engine_serving
 from tests.inference.tiny_models import tiny_model_save
+from tests.pools import closed_device, engine_serving
 from tests.upstream_server import upstream_log, upstream_script
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -282,12 +282,15 @@ def test_a_gpu_pool_reports_its_engines_figures_and_options_choose_between_pools
     """The n-gram vLLM pool, and a plain pool of the same model (our engine behind the same
     protocol, speculation off): the request's options choose, and each answer says what its
     engine reported."""
-    from tests.pools import engine_server
+    from tests.pools import engine_serving
 
     speculating = Provider.objects.create(name="pool", **ngram_pool.provider_fields())
     Route.objects.create(name="pool", provider=speculating, is_default=True, max_tokens=12)
     client = client_for(site, key_for(workspace, "generate"))
-    with engine_server(tmp_path, model=ngram_pool.model, speculative="off") as plain_url:
+    plain_server = engine_serving(
+        ngram_pool.model, tmp_path / "plain.log", "--speculative", "off", name=ngram_pool.model
+    )
+    with plain_server as plain_url:
         plain = Provider.objects.create(
             name="plain", **{**ngram_pool.provider_fields(), "devices": [plain_url], "speculative_method": "off"}
         )
