@@ -11,6 +11,7 @@ and the web tier admits a new generation against the engines' own queues
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -149,6 +150,17 @@ class _Loads:
 
 
 _loads = _Loads()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child has none of its parent's threads (a refresh in flight would never end)
+    # and must not share its parent's connections: it starts afresh.
+    global _loads, _http_lock
+    _loads, _http_lock = _Loads(), threading.Lock()
+    _http.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def devices_load(urls: list[str], *, max_age: float = LOAD_MAX_AGE_S, fresh: bool = False) -> list[DeviceLoad]:
