@@ -25,7 +25,11 @@ logger = logging.getLogger(__name__)
 # stream may already hold tokens the reader has shown, and running it again would append a
 # second answer (and bill it twice). When the process running it dies, the worker's parent
 # ends the stream with an error instead (``_end_stream_of_lost_generation``).
-GENERATION_TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": False}
+#
+# Its result goes to ``submit``'s ``link``, never through the result backend: storing it would
+# keep the answer's text in Redis for result_expires, and cost a round trip when the task starts
+# (STARTED), another when it ends and a subscription per call.
+GENERATION_TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": False, "ignore_result": True}
 
 
 class _RedactedArgsTask(Task):
@@ -38,7 +42,12 @@ class _RedactedArgsTask(Task):
         return super().apply_async(args, kwargs, **options)
 
 
-@shared_task(name="inference.tasks.generate_routed", bind=True, base=_RedactedArgsTask, **GENERATION_TASK_OPTIONS)
+@shared_task(
+    name="inference.tasks.generate_routed",
+    bind=True,
+    base=_RedactedArgsTask,
+    **GENERATION_TASK_OPTIONS,
+)
 def generate_routed(self, request_id: str, payload: dict) -> dict:
     """A generation on a route (``inference.router.submit``): keys, retries and failover,
     the stream ``gen:<request_id>``, one ledger row. Sent to queue ``gpu`` for the local

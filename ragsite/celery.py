@@ -16,7 +16,7 @@ from enum import StrEnum
 
 import redis
 from celery import Celery
-from celery.signals import worker_process_shutdown
+from celery.signals import task_postrun, task_prerun, worker_process_shutdown
 from kombu import Queue as KombuQueue
 from kombu.transport.redis import Channel as RedisChannel
 
@@ -83,6 +83,19 @@ def _metrics_process_exited(**_):
     from ragsite import metrics
 
     metrics.process_exited()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _database_connections_checked(task=None, **_):
+    """A task's thread keeps its database connection across tasks (settings.CELERY_DB_REUSE_MAX
+    stops the fixup's close) and checks it as Django does around a web request: closed when
+    older than CONN_MAX_AGE or broken, pinged before its next use. Not for an eager task, which
+    runs inside its caller's transaction."""
+    if task is not None and not getattr(task.request, "is_eager", False):
+        from django.db import close_old_connections
+
+        close_old_connections()
 
 
 def _connparams_of_open_channels(connparams):

@@ -170,6 +170,10 @@ if CELERY_TASK_TIME_LIMIT <= CELERY_TASK_SOFT_TIME_LIMIT:
         f"(got {CELERY_TASK_TIME_LIMIT} <= {CELERY_TASK_SOFT_TIME_LIMIT})"
     )
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+# Celery's Django fixup closes a worker's database connections before and after every task
+# unless this is set; ragsite/celery.py checks them at those points instead (CONN_MAX_AGE and
+# the health check hold, as for a web request): a routed generation paid a new connection.
+CELERY_DB_REUSE_MAX = 2**62
 # Seconds after which Redis hands a delivered but unacknowledged task to another worker: how
 # long the task of a worker that vanished whole (kill -9 of its process group, a lost host)
 # waits before it runs again. Must exceed the hard time limit, or a running task is

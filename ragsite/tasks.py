@@ -4,6 +4,7 @@ import os
 import socket
 
 from celery import shared_task
+from django.db import connection
 from django.utils import timezone
 
 from ragsite.health import BEAT_HEARTBEAT_KEY, redis_client
@@ -11,8 +12,12 @@ from ragsite.health import BEAT_HEARTBEAT_KEY, redis_client
 
 @shared_task(name="ragsite.tasks.ping")
 def ping(value: int) -> dict:
-    """Round-trip check: proves a worker process received, ran and answered a task."""
-    return {"value": value + 1, "pid": os.getpid(), "host": socket.gethostname()}
+    """Round-trip check: proves a worker process received, ran and answered a task, and
+    reached the database (``database_backend``: the PostgreSQL process serving its connection)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+    return {"value": value + 1, "pid": os.getpid(), "host": socket.gethostname(), "database_backend": backend}
 
 
 @shared_task(name="ragsite.tasks.beat_heartbeat", ignore_result=True)

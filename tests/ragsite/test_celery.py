@@ -77,3 +77,21 @@ def test_task_round_trip_through_a_worker_in_its_own_process(start_worker):
     assert result["pid"] != os.getpid()
     assert result["pid"] in worker_tree
     assert "ragsite.tasks.ping" in worker.log()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_keeps_its_database_connection_across_tasks_and_replaces_a_broken_one(start_worker):
+    """Celery's Django fixup would close it after every task (settings.CELERY_DB_REUSE_MAX);
+    ragsite.celery checks it between tasks instead, as Django does between web requests."""
+    from django.db import connection
+
+    with start_worker(["default"], pool="threads", concurrency=1):
+        first = ping.delay(1).get(timeout=30)["database_backend"]
+        assert ping.delay(2).get(timeout=30)["database_backend"] == first
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [first])
+            assert cursor.fetchone() == (True,)
+        # The health check before the next task's first query finds it gone and reconnects.
+        after = ping.delay(3).get(timeout=30)
+    assert after["value"] == 4
+    assert after["database_backend"] != first
