@@ -1,8 +1,8 @@
 """The GPU pool: vLLM against the in-house engine, through the real ``gpu`` queue, and the
 price of the dispatch against clients calling the engine directly.
 
-    python -m benchmarks.gpu_pool [--levels 1,4,16,64] [--warmup 5] [--warmup-max 240]
-                                  [--window 40] [--window-max 90] [--drain 120] [--max-tokens 256]
+    python -m benchmarks.gpu_pool [--levels 1,4,16,64] [--warmup 5] [--warmup-max 300]
+                                  [--window 40] [--window-max 90] [--window-cycle-max 300] [--drain 120] [--max-tokens 256]
                                   [--configs inhouse,vllm_off,vllm_ngram,vllm_draft,direct]
                                   [--dtype auto|bfloat16|float32] [--quick] [--keep]
 
@@ -641,12 +641,22 @@ def acceptance(records: list[Record]) -> dict | None:
 
 
 def run_level(
-    kind: str, level: int, server: Server, prompts: Prompts, args, *, last: bool, cycle_s: float | None = None
-) -> tuple[dict, list]:
-    """One level of one configuration (``kind``: routed or direct); returns its figures and
-    the records of the requests that finished in its window. ``cycle_s``: how long one cycle
-    (every client served once) is expected to last, when known (a batch-1 engine: the level
-    times one request's latency alone); the warm-up does not wait for a cycle it cannot see end."""
+    kind: str,
+    level: int,
+    server: Server,
+    prompts: Prompts,
+    args,
+    *,
+    last: bool,
+    earlier: list[Record],
+    cycle_s: float | None = None,
+) -> tuple[dict, list, list]:
+    """One level of one configuration (``kind``: routed or direct); returns its figures, the
+    records of the requests that finished in its window and all its records. ``earlier``: the records of the
+    server's earlier levels, whose requests still running count in this window's tokens.
+    ``cycle_s``: how long one cycle (every client served once) is expected to last, when
+    known (a batch-1 engine: the level times one request's latency alone); the warm-up does
+    not wait for a cycle it cannot see end."""
     records: list[Record] = []
     stop, abandon = threading.Event(), threading.Event()
     if kind == "direct":
@@ -680,7 +690,11 @@ def run_level(
     window_start = time.perf_counter()
     # Whether every client had finished a request before the window: past the first cycle.
     steady = len({r.client for r in list(records) if r.end is not None and r.end < window_start}) == level
-    time.sleep(args.window)
+    # Past a first cycle, the window spans one as long (bounded): clients that arrived together
+    # stay in step for a while, and a shorter window would catch one phase of their cycle only
+    # (at 64 on vLLM here, a minute of prompt passes, then a minute of decoding).
+    length = min(max(args.window, window_start - started), args.window_cycle_max) if steady else args.window
+    time.sleep(length)
     window_end = time.perf_counter()
     while window_end - window_start < args.window_max and not any(
         r.ok and r.end is not None and window_start <= r.end for r in list(records)
@@ -706,7 +720,9 @@ def run_level(
     done = [r for r in ended if r.ok]
     failed = [r for r in ended if r.error and r.error != "abandoned"]
     figures = {
-        "tokens_per_s": round(tokens_between(records, window_start, window_end) / window, 3),
+        # All the engine streamed in the window: a request left over from an earlier level
+        # (the routed path has no cancel; a batch-1 engine works through its queue) counts too.
+        "tokens_per_s": round(tokens_between(earlier + records, window_start, window_end) / window, 3),
         "window_s": round(window, 2),
         "requests_finished": len(done),
         "completion_tokens_mean": round(statistics.fmean(r.tokens or 0 for r in done), 1) if done else None,
@@ -740,7 +756,7 @@ def run_level(
         figures["acceptance"] = {k: accepted[k] for k in ("draft_accepted", "mean_acceptance_length")}
     print(f"[gpu_pool] {server.name if kind != 'direct' else 'direct'} @ {level}: {json.dumps(figures)}",
           file=sys.stderr, flush=True)  # fmt: skip
-    return figures, done
+    return figures, done, records
 
 
 def probe_sample(url: str, stop: threading.Event, samples: list[float]) -> None:
@@ -796,6 +812,7 @@ def run(args, pair: dict, folder: Path, stack: contextlib.ExitStack) -> dict:
             entry["notes"] = server.notes
         results[name] = entry
         finished[name] = []
+        history: list[Record] = []  # every request this server was sent
         if with_direct:
             results["direct"] = {"server": f"{name}'s, directly", "dtype": server.dtype, "levels": {}}
         for position, level in enumerate(args.levels):
@@ -807,7 +824,10 @@ def run(args, pair: dict, folder: Path, stack: contextlib.ExitStack) -> dict:
                 last = last_level and order == len(kinds) - 1
                 alone = figure(results, name, 1, "latency_p50_ms") if name == "inhouse" else None
                 cycle_s = level * alone / 1000 if alone else None  # batch 1: one request after another
-                figures, done = run_level(kind, level, server, prompts, args, last=last, cycle_s=cycle_s)
+                figures, done, records = run_level(
+                    kind, level, server, prompts, args, last=last, earlier=history, cycle_s=cycle_s
+                )
+                history += records
                 key = "direct" if kind == "direct" else name
                 results[key]["levels"][str(level)] = figures
                 if kind != "direct":
@@ -870,10 +890,16 @@ def main() -> None:
         "--warmup-max",
         type=float,
         default=None,
-        help="Longest warm-up, seconds, waiting for every client to end a request (240).",
+        help="Longest warm-up, seconds, waiting for every client to end a request (300).",
     )
     parser.add_argument("--window", type=float, default=None, help="Seconds of each level's window (40).")
     parser.add_argument("--window-max", type=float, default=None, help="Longest window, waiting for a finish (90).")
+    parser.add_argument(
+        "--window-cycle-max",
+        type=float,
+        default=None,
+        help="Longest window that spans a cycle, past a first one (300).",
+    )
     parser.add_argument("--drain", type=float, default=None, help="Longest wait for a level to drain (120).")
     parser.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request (256).")
     parser.add_argument("--prompt-tokens", type=int, default=320, help="Tokens of every prompt.")
@@ -903,9 +929,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help=f"Keep the {DATABASE} database afterwards.")
     args = parser.parse_args()
     quick_defaults = {"levels": "1,4", "warmup": 2.0, "warmup_max": 10.0, "window": 4.0, "window_max": 20.0,
-                      "drain": 20.0, "max_tokens": 16}  # fmt: skip
-    full_defaults = {"levels": ",".join(map(str, LEVELS)), "warmup": 5.0, "warmup_max": 240.0, "window": 40.0,
-                     "window_max": 90.0, "drain": 120.0, "max_tokens": 256}  # fmt: skip
+                      "window_cycle_max": 10.0, "drain": 20.0, "max_tokens": 16}  # fmt: skip
+    full_defaults = {"levels": ",".join(map(str, LEVELS)), "warmup": 5.0, "warmup_max": 300.0, "window": 40.0,
+                     "window_max": 90.0, "window_cycle_max": 300.0, "drain": 120.0, "max_tokens": 256}  # fmt: skip
     defaults = quick_defaults if args.quick else full_defaults
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -919,6 +945,7 @@ def main() -> None:
     if not 1 <= args.max_tokens < MAX_MODEL_LEN - args.prompt_tokens:
         parser.error(f"--max-tokens must leave the prompt room in {MAX_MODEL_LEN} tokens")
     args.window_max = max(args.window_max, args.window)
+    args.window_cycle_max = max(args.window_cycle_max, args.window)
     args.warmup_max = max(args.warmup_max, args.warmup)
 
     # This process is the web tier: pooled connections (64 client threads), admission checks
@@ -951,6 +978,7 @@ def main() -> None:
         "warmup_max_s": args.warmup_max,
         "window_s": args.window,
         "window_max_s": args.window_max,
+        "window_cycle_max_s": args.window_cycle_max,
         "drain_max_s": args.drain,
         "cpu_threads": args.cpu_threads,
         "worker": {"queue": "gpu", "pool": "threads", "concurrency": WORKER_THREADS},
