@@ -87,7 +87,7 @@ PRICES = {
 COLUMNS = (
     "request_id, created_at, kind, client_key_id, route_id, route_name, release_id, arm, provider_id, "
     "provider_name, model, prompt_tokens, completion_tokens, draft_tokens_proposed, draft_tokens_accepted, "
-    "usage_source, attempts, latency_ms, ttft_ms, status, error_class, cost_usd, price_id"
+    "usage_source, attempts, latency_ms, ttft_ms, status, error_class, cost_usd, price_id, trace_id"
 )
 
 
@@ -251,6 +251,7 @@ def rows_make(n: int, now, providers, routes, keys, periods, prices) -> dict[str
         "error_class": np.where(status == "error", "server_error", "").tolist(),
         "cost_usd": costs.tolist(),
         "price_id": price_ids.tolist(),
+        "trace_id": [""] * n,  # no trace: requests made outside a traced web request
     }
 
 

@@ -9,7 +9,7 @@ entropy, so there is nothing to brute-force, and every API request checks one.
 ``authenticate`` finds the row by prefix and compares hashes with ``hmac.compare_digest``
 (constant time); an unknown prefix is compared against a dummy hash too, so both failures
 take the same path. Every refusal is a ``ClientKeyError`` whose ``code`` and ``status`` the
-APIs turn into the one error shape ``{"error": {"code", "message"}}`` (``error_response``):
+APIs turn into their error shapes (search/api/errors.py, search/openai_api/errors.py):
 401 for a missing, malformed, unknown, expired or revoked key, 403 for a key without the
 scope. ``last_used_at`` is written at most once a minute per key (a conditional UPDATE,
 sent only when the loaded value is older than that).
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db.models import Q
-from django.http import JsonResponse
 from django.utils import timezone
 
 from billing.models import ClientKey
@@ -148,11 +147,3 @@ def bearer_token(request) -> str | None:
     header = request.headers.get("Authorization", "")
     scheme, _, value = header.partition(" ")
     return value.strip() or None if scheme.lower() == "bearer" else None
-
-
-def error_response(error: ClientKeyError) -> JsonResponse:
-    """The APIs' error shape; 401s say how to authenticate (RFC 6750)."""
-    response = JsonResponse({"error": {"code": error.code, "message": error.message}}, status=error.status)
-    if error.status == 401:
-        response["WWW-Authenticate"] = 'Bearer realm="api"'
-    return response

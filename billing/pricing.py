@@ -43,13 +43,6 @@ def cost_of(prompt_tokens: int, completion_tokens: int, price: Price) -> Decimal
     ) / MILLION
 
 
-def cost_at(
-    model: str, at: datetime, prompt_tokens: int, completion_tokens: int, *, local: bool = False
-) -> Cost | None:
-    price = price_at(model, at, local=local)
-    return None if price is None else Cost(cost_of(prompt_tokens, completion_tokens, price), price)
-
-
 # The SQL twin, for ``billing.ledger``: the price of each stored row (``r``: its model, its
 # provider's kind, its time), as a LATERAL subquery.
 PRICE_LATERAL = """

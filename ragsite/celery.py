@@ -17,6 +17,7 @@ from enum import StrEnum
 import redis
 from celery import Celery
 from celery.signals import task_postrun, task_prerun, worker_process_shutdown
+from django.db import close_old_connections
 from kombu import Queue as KombuQueue
 from kombu.transport.redis import Channel as RedisChannel
 
@@ -93,8 +94,6 @@ def _database_connections_checked(task=None, **_):
     older than CONN_MAX_AGE or broken, pinged before its next use. Not for an eager task, which
     runs inside its caller's transaction."""
     if task is not None and not getattr(task.request, "is_eager", False):
-        from django.db import close_old_connections
-
         close_old_connections()
 
 

@@ -20,9 +20,3 @@ _PUNCTUATION_RE = re.compile("[" + re.escape(ASCII_PUNCTUATION) + "]+")
 def punctuation_split(text: str) -> str:
     """Python twin of the SQL function ``search_text_normalize``."""
     return _PUNCTUATION_RE.sub(" ", text)
-
-
-def sql_punctuation_class() -> str:
-    """The same character class for a PostgreSQL regular expression, as a SQL literal."""
-    escaped = "".join("\\" + ch if ch in "\\[]^-" else ch for ch in ASCII_PUNCTUATION)
-    return "'[" + escaped.replace("'", "''") + "]+'"

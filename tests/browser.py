@@ -4,11 +4,13 @@ Chromium starts with the flags these machines need, and keeps the browser consol
 test can read what the page logged (``console_errors``): a content-security-policy
 violation or an uncaught script error shows there. Without Chromium, chromedriver or
 selenium the tests that use the ``browser`` fixture (tests/conftest.py) are skipped, saying
-what to install.
+what to install; where ``CI`` is set (``.ci/run`` sets it, and installs Chromium) they fail
+instead, so that the real-browser check cannot silently stop running.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,18 +31,25 @@ FLAGS = (
 )
 
 
+def unavailable(reason: str) -> None:
+    """Skip the test, saying why; fail it under CI, which must run it."""
+    if os.environ.get("CI"):
+        pytest.fail(f"CI runs the browser tests, but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 @contextmanager
 def chromium() -> Iterator:
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
     except ImportError:
-        pytest.skip("selenium is not installed: .venv/bin/pip install -r requirements-dev.txt")
+        unavailable("selenium is not installed: .venv/bin/pip install -r requirements-dev.txt")
     binary = next(filter(None, map(shutil.which, BROWSERS)), None)
     chromedriver = shutil.which("chromedriver")
     missing = [name for name, path in (("chromium", binary), ("chromedriver", chromedriver)) if path is None]
     if missing:
-        pytest.skip(
+        unavailable(
             f"headless browser tests need {' and '.join(missing)} on PATH "
             "(Debian/Ubuntu: apt install chromium chromium-driver)"
         )

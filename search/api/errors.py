@@ -12,9 +12,8 @@ class, not globally, so other DRF views keep their own shapes). It renders DRF's
   ``search.services.DocumentRejected``: 400, with the field;
 - anything else: 500 ``server_error``, logged with its traceback (the body says nothing more).
 
-401s carry ``WWW-Authenticate: Bearer realm="api"`` (RFC 6750), as billing.client_keys'
-``error_response`` does. ``error_json`` is the same shape for the plain Django views (the
-event stream, unknown paths).
+401s carry ``WWW-Authenticate: Bearer realm="api"`` (RFC 6750). ``error_json`` is the same
+shape for the plain Django views (the event stream, unknown paths).
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@ every collection of the key's workspace, the numbered sources and the instructio
 prompt, and the generation is routed and billed to the key. Earlier messages are not sent
 to the model (the answer prompt is built from the sources; see docs/openai.md).
 
-``model`` picks the route: a route's name selects it; anything else (an SDK's
-``gpt-4o-mini``, the default route's model id) goes to the default route, so that code
-written for OpenAI works unchanged. Without a default route the answer is extractive and
-the response's ``model`` says ``extractive``.
+``model`` picks the route: a route's name selects it; the default route's model id and
+``extractive`` go to the default route; any other name is 404 ``model_not_found``, as
+OpenAI answers it (an operator who wants SDK code's ``gpt-4o-mini`` served names a route so).
+Without a default route the answer is extractive and the response's ``model`` says
+``extractive``.
 
 Limits: a generation is admitted against the key's limits by ``answer_create`` itself. An
 extractive answer has no generation to admit, so it is admitted here (its requests count
@@ -36,7 +37,13 @@ from search import answers, prompting
 from search.embedders import DEFAULT_EMBEDDER
 from search.models import Answer
 from search.openai_api import speculative
-from search.openai_api.errors import from_limit, from_route_not_found, from_route_unavailable, invalid
+from search.openai_api.errors import (
+    from_limit,
+    from_route_not_found,
+    from_route_unavailable,
+    invalid,
+    model_not_found,
+)
 
 EXTRACTIVE_MODEL = "extractive"
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -168,13 +175,43 @@ class Started:
     created: int  # Unix seconds
 
 
+def chat_models() -> list[tuple[str, Route | None]]:
+    """The model ids a chat completion answers to, as ``GET /v1/models`` lists them: each
+    enabled route by its name, then the default route again under its model's id, or
+    ``extractive`` (None) when there is no default route."""
+    routes = sorted(
+        Route.objects.filter(enabled=True, provider__enabled=True).select_related("provider"), key=lambda r: r.name
+    )
+    models = [(route.name, route) for route in routes]
+    default = next((route for route in routes if route.is_default), None)
+    if default is None:
+        models.append((EXTRACTIVE_MODEL, None))
+    elif default.provider.model not in {name for name, _ in models}:
+        models.append((default.provider.model, default))
+    return models
+
+
+def route_name_for(model: str) -> str | None:
+    """The route a chat request's ``model`` names (None: the default one, or an extractive
+    answer without one); ``ApiError`` 404 ``model_not_found`` for a model nothing serves. A
+    disabled route's name passes, and ``router.route_resolve`` refuses it with its reason."""
+    if model == EXTRACTIVE_MODEL:
+        return None
+    if Route.objects.filter(name=model).exists():
+        return model
+    served = chat_models()
+    if any(name == model for name, _ in served):  # the default route's model id
+        return None
+    raise model_not_found(model, [name for name, _ in served])
+
+
 # answer_create's fields -> the request's (the collections are the key's: none to name).
 _PARAMS = {"question": "messages", "collections": None}
 
 
 def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
     """Start the answer (synchronous: the database and the router); ``ApiError`` when it is refused."""
-    route_name = chat.model if Route.objects.filter(name=chat.model).exists() else None
+    route_name = route_name_for(chat.model)
     try:
         route = router.route_resolve(route_name)
     except router.NoRouteConfigured:

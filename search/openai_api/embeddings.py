@@ -33,7 +33,7 @@ from billing import ledger, limits
 from billing.models import ClientKey
 from search.embedders import DEFAULT_EMBEDDER, Embedder, EmbedderError, embedder_get
 from search.models import Collection
-from search.openai_api.errors import ApiError, from_limit, invalid
+from search.openai_api.errors import ApiError, from_limit, invalid, model_not_found
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +85,7 @@ def _embedder_for(key: ClientKey, name: str) -> Embedder:
     used = set(Collection.objects.filter(workspace_id=key.workspace_id).values_list("embedding_model", flat=True))
     allowed = sorted({DEFAULT_EMBEDDER} | used)
     if name not in allowed:
-        raise invalid(
-            "model", f"model {name!r} is not available: use one of {', '.join(allowed)}", code="model_not_found"
-        )
+        raise model_not_found(name, allowed)
     try:
         return embedder_get(name)
     except EmbedderError as exc:

@@ -97,6 +97,16 @@ def from_limit(error: LimitExceeded) -> ApiError:
     )
 
 
+def model_not_found(model: str, known: list[str]) -> ApiError:
+    """OpenAI's answer to a model it does not serve: 404, naming the model and what is served."""
+    return ApiError(
+        404,
+        f"the model {model!r} does not exist or you do not have access to it: use one of {', '.join(known)}",
+        param="model",
+        code="model_not_found",
+    )
+
+
 def from_route_not_found(error: RouteNotFound) -> ApiError:
     return ApiError(404, str(error), param="model", code="model_not_found")
 

@@ -24,13 +24,12 @@ from django.views.decorators.csrf import csrf_exempt
 
 from billing import client_keys
 from billing.models import ClientKey
-from inference.models import Route
 from ragsite.outages import RETRY_AFTER_S, log_outage, outage_message, outage_of
 from search.embedders import DEFAULT_EMBEDDER
 from search.models import Collection
 from search.openai_api import chat as chat_api
 from search.openai_api import embeddings as embeddings_api
-from search.openai_api.errors import ApiError, from_client_key, from_generation, invalid
+from search.openai_api.errors import ApiError, from_client_key, from_generation, invalid, model_not_found
 
 logger = logging.getLogger(__name__)
 
@@ -89,21 +88,13 @@ def _model(model_id: str, owned_by: str, created: int = 0) -> dict:
 
 
 def _models(key: ClientKey) -> list[dict]:
-    """The enabled routes (id: the route's name), the default route again under its model's
-    id, ``extractive`` when there is no default route, then the embedding models."""
-    routes = list(Route.objects.filter(enabled=True, provider__enabled=True).select_related("provider"))
-    found = {
-        route.name: _model(route.name, route.provider.name, int(route.created_at.timestamp()))
-        for route in sorted(routes, key=lambda route: route.name)
-    }
-    default = next((route for route in routes if route.is_default), None)
-    if default is None:
-        found[chat_api.EXTRACTIVE_MODEL] = _model(chat_api.EXTRACTIVE_MODEL, "search")
-    else:
-        found.setdefault(
-            default.provider.model,
-            _model(default.provider.model, default.provider.name, int(default.created_at.timestamp())),
-        )
+    """The chat models (``chat.chat_models``), then the embedding models."""
+    found = {}
+    for name, route in chat_api.chat_models():
+        if route is None:
+            found[name] = _model(name, "search")
+        else:
+            found[name] = _model(name, route.provider.name, int(route.created_at.timestamp()))
     embedders = set(Collection.objects.filter(workspace_id=key.workspace_id).values_list("embedding_model", flat=True))
     for name in sorted({DEFAULT_EMBEDDER} | embedders):
         found.setdefault(name, _model(name, "search"))
@@ -119,10 +110,11 @@ async def models_list(request):
 @api_view("GET")
 async def model_retrieve(request, model_id: str):
     key = await _authenticate(request, None)
-    for model in await sync_to_async(_models)(key):
+    models = await sync_to_async(_models)(key)
+    for model in models:
         if model["id"] == model_id:
             return JsonResponse(model)
-    raise ApiError(404, f"no model {model_id!r} (GET /v1/models lists them)", param="model", code="model_not_found")
+    raise model_not_found(model_id, [model["id"] for model in models])
 
 
 # --------------------------------------------------------------------------- chat completions

@@ -341,6 +341,12 @@ def test_a_local_fallback_keeps_the_route_available(upstream_server, monkeypatch
     # The route's own queue: the worker hands over to gpu when it reaches the pool.
     [((request_id, payload), options)] = [(args[0], options) for args, options in sent]
     assert (request_id, payload["route_id"], options["queue"]) == (plan.request_id, route.id, "remote")
+    # Without the local fallback, the same keyless provider is refused before anything is queued.
+    bare = route_make(remote)
+    with pytest.raises(router.RouteUnavailable) as refused:
+        router.submit(_plan(bare), messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.retry_after_s is None  # no key comes back by itself
+    assert len(sent) == 1
 
 
 def test_availability_is_one_query(upstream_server, django_assert_num_queries):

@@ -294,7 +294,7 @@ def openai_embeddings(c: Caller, route: str) -> None:
     b_model(c)
     body = {"model": B_MODEL, "input": "lift"}
     response = c.call(c.key, "POST", "/v1/embeddings", body, format="json", sent=B_MODEL)
-    assert (response.status_code, response.json()["error"]["code"]) == (400, "model_not_found")
+    assert (response.status_code, response.json()["error"]["code"]) == (404, "model_not_found")
 
 
 def openai_unknown(c: Caller, route: str) -> None:

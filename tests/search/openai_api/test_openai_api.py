@@ -73,10 +73,22 @@ def test_models_lists_what_answers_without_a_route(site, workspace):
     assert (caught.value.code, caught.value.param) == ("model_not_found", "model")
 
 
+def test_a_chat_completion_for_a_model_nothing_serves_is_openais_404(site, workspace):
+    client = client_for(site, key_for(workspace, "generate"))
+    for model in ("no-such-model-xyz", "gpt-4o-mini", "all-MiniLM-L6-v2"):  # an embedding model is no chat model
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.chat.completions.create(model=model, messages=QUESTION)
+        assert (caught.value.status_code, caught.value.param, caught.value.code) == (404, "model", "model_not_found")
+        assert caught.value.message == (
+            f"the model {model!r} does not exist or you do not have access to it: use one of extractive"
+        )
+    assert not Answer.objects.exists()  # refused before an answer was started
+
+
 def test_a_chat_completion_is_the_extractive_answer_with_its_citations(site, workspace):
     client = client_for(site, key_for(workspace, "generate"))
     completion = client.chat.completions.create(
-        model="gpt-4o-mini",  # any model: without a route the answer is extractive
+        model="extractive",  # without a default route the answer is extractive
         messages=[{"role": "system", "content": "Be brief."}, *QUESTION],
     )
     answer = answer_of(completion.id)
@@ -136,9 +148,11 @@ def test_embeddings_are_the_built_in_models_and_are_billed_to_the_key(site, work
     assert sorted(rows.values_list("prompt_tokens", flat=True)) == sorted([tokens, single.usage.prompt_tokens])
     assert set(rows.values_list("workspace_id", "model")) == {(workspace.pk, "all-MiniLM-L6-v2")}
 
-    with pytest.raises(openai.BadRequestError) as caught:
+    with pytest.raises(openai.NotFoundError) as caught:  # as OpenAI answers a model it does not serve
         client.embeddings.create(model="text-embedding-3-small", input="hello")
-    assert (caught.value.param, caught.value.code) == ("model", "model_not_found")
+    assert (caught.value.status_code, caught.value.param, caught.value.code) == (404, "model", "model_not_found")
+    assert "'text-embedding-3-small' does not exist" in caught.value.message
+    assert caught.value.message.endswith("use one of all-MiniLM-L6-v2")
     with pytest.raises(openai.BadRequestError) as caught:
         client.embeddings.create(model="all-MiniLM-L6-v2", input="word " * 400)
     assert caught.value.param == "input" and "at most 254" in caught.value.message
@@ -231,7 +245,7 @@ def test_a_generation_streams_with_usage_and_speculative_options_choose_and_neve
         assert completion.inference_time_ms > 0
 
         stream = client.chat.completions.create(
-            model="gpt-4o",  # not a route: the default one
+            model="stand-in-7b",  # the default route, by its model id
             messages=messages,
             stream=True,
             stream_options={"include_usage": True},
