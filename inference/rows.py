@@ -48,6 +48,10 @@ def cursor():
     the connection's ``prepare_threshold`` set here changes only these."""
     if not settings.ROUTER_PREPARED_STATEMENTS:
         return connection.cursor()
+    # As Django's own cursor(): a worker thread's connection outlives its tasks (ragsite/celery.py),
+    # so the health check due after each task runs first, and a connection that broke meanwhile
+    # (a PostgreSQL restart) is replaced rather than failing this statement.
+    connection.close_if_health_check_failed()
     with connection.wrap_database_errors:
         connection.ensure_connection()
         raw = connection.connection

@@ -79,7 +79,7 @@ def test_a_chat_completion_for_a_model_nothing_serves_is_openais_404(site, works
         with pytest.raises(openai.NotFoundError) as caught:
             client.chat.completions.create(model=model, messages=QUESTION)
         assert (caught.value.status_code, caught.value.param, caught.value.code) == (404, "model", "model_not_found")
-        assert caught.value.message == (
+        assert caught.value.body["message"] == (
             f"the model {model!r} does not exist or you do not have access to it: use one of extractive"
         )
     assert not Answer.objects.exists()  # refused before an answer was started
