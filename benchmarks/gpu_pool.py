@@ -105,7 +105,7 @@ docs/benchmarks.md for what bounds the ratios on this project's machine.
 Duration. On this project's 2-core AVX2 machine (float32), one request (320 + 256 tokens) alone
 takes about 22 s on vLLM and 29 s on the in-house engine; one cycle of vLLM at 64 (every client
 served once) about four minutes, and the window past it as long again. A full run takes about
-70 minutes there (20 levels, three vLLM start-ups of about 2.5 minutes). Every wait is bounded:
+90 minutes there (20 levels, three vLLM start-ups of about 2.5 minutes). Every wait is bounded:
 a level lasts at most ``--warmup-max`` + ``--window-cycle-max`` + ``--drain``, a start-up
 ``--startup-timeout``.
 
