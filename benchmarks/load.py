@@ -275,8 +275,8 @@ def warm_up(base_url: str, tokens: list[str], queries: list[str], max_tokens: in
 
 
 def sample_queue(stop: threading.Event, samples: list[tuple[float, int]]) -> None:
-    from inference.backpressure import queue_depth
-    from inference.streams import redis_client
+    from ragsite.celery import queue_depth
+    from ragsite.redis import redis_client
 
     client = redis_client()
     while not stop.wait(0.2):
@@ -285,7 +285,7 @@ def sample_queue(stop: threading.Event, samples: list[tuple[float, int]]) -> Non
 
 def drain(seconds: float = 120) -> None:
     """Wait until the queue is empty and no answer is generating, so the next run starts clean."""
-    from inference.backpressure import queue_depth
+    from ragsite.celery import queue_depth
     from search.models import Answer
 
     deadline = time.monotonic() + seconds

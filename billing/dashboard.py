@@ -1,4 +1,4 @@
-"""Monthly cost and dashboards: the figures behind the admin's billing pages (``billing.views``).
+"""Monthly cost and dashboards: the figures behind the admin's billing pages (``frontdoors.dashboards``).
 
 Where each figure comes from
 ----------------------------
@@ -37,6 +37,7 @@ from django.db.models import Avg, Count, Q, Sum
 from django.utils import timezone
 
 from billing.models import COST_DECIMALS, BudgetAlert, ClientKey, UsageRecord
+from ragsite.aggregates import PercentileCont
 
 COST_QUANTUM = Decimal(1).scaleb(-COST_DECIMALS)
 DAY_SECONDS = 86_400
@@ -557,8 +558,6 @@ def release_period(release, now: datetime | None = None) -> tuple[datetime, date
 def comparison_queryset(release_id: int | None, start: datetime, end: datetime):
     """One row per arm: the sums and percentiles ``compare_arms`` derives its figures from.
     With a release, an index range scan of ``usage_release_arm_time`` per arm."""
-    from inference.canary import PercentileCont  # the canary analysis' own aggregate
-
     rows = UsageRecord.objects.filter(
         kind=UsageRecord.Kind.GENERATION, arm__in=(STABLE, CANARY), created_at__gte=start, created_at__lt=end
     )

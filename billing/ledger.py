@@ -43,10 +43,11 @@ from datetime import UTC, datetime
 import redis
 from django.db import DataError, IntegrityError, connection
 
+from billing import limits
 from billing.models import UsageRecord
 from billing.pricing import PRICE_LATERAL
-from inference.streams import redis_client, resp_command
 from ragsite.logs import current_request_id
+from ragsite.redis import redis_client, resp_command
 
 logger = logging.getLogger(__name__)
 
@@ -218,8 +219,6 @@ def _settle(rows: list[dict]) -> None:
     reserved, the most it could have cost."""
     if not rows:
         return
-    from billing import limits
-
     costs = dict(
         UsageRecord.objects.filter(request_id__in=[row["request_id"] for row in rows]).values_list(
             "request_id", "cost_usd"

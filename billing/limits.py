@@ -66,7 +66,7 @@ from redis.commands.core import Script
 
 from billing.models import BudgetAlert, ClientKey, UsageRecord
 from billing.pricing import cost_of, price_at
-from inference.streams import redis_client
+from ragsite.redis import redis_client
 
 logger = logging.getLogger(__name__)
 

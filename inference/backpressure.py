@@ -50,12 +50,11 @@ from collections.abc import Iterator
 
 from django.conf import settings
 
+from inference.errors import RouteUnavailable
 from inference.pool import devices_load
-from inference.router import RouteUnavailable
+from ragsite.celery import queue_lists
+from ragsite.redis import redis_client
 
-# Kombu's Redis transport: the priority steps of a queue and the separator of their lists.
-PRIORITY_STEPS = (0, 3, 6, 9)
-PRIORITY_SEPARATOR = "\x06\x16"
 # A reservation not released within this long (its process died before publishing) stops counting.
 RESERVATION_TTL_S = 30
 
@@ -110,28 +109,8 @@ return {1, waiting, reserved}
 """
 
 
-def queue_lists(queue: str) -> list[str]:
-    """The Redis lists holding ``queue``'s waiting messages, one per priority step."""
-    return [queue if step == 0 else f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS]
-
-
 def reservations_key(queue: str) -> str:
     return f"backpressure:reserved:{queue}"
-
-
-def queue_depth(queue: str, client=None) -> int:
-    """Messages waiting in ``queue`` for a worker (all priority steps)."""
-    client = client or _redis()
-    pipe = client.pipeline(transaction=False)
-    for name in queue_lists(queue):
-        pipe.llen(name)
-    return sum(pipe.execute())
-
-
-def _redis():
-    from inference.streams import redis_client
-
-    return redis_client()
 
 
 @functools.cache
@@ -165,7 +144,7 @@ def queue_slot(queue: str) -> Iterator[None]:
     if limit <= 0 or _in_celery_task():
         yield
         return
-    client = _redis()
+    client = redis_client()
     token = uuid.uuid4().hex
     key = reservations_key(queue)
     admitted, waiting, reserved = _script(client)(

@@ -34,10 +34,12 @@ from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Aggregate, Count, FloatField, Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
+from billing.models import UsageRecord
 from inference.models import CanaryEvent, CanaryRelease, Route
+from ragsite.aggregates import PercentileCont
 
 logger = logging.getLogger(__name__)
 
@@ -300,21 +302,6 @@ def roll_back(release: CanaryRelease | int, reason: str = "", *, actor=None) -> 
 # -- analysis ---------------------------------------------------------------------------
 
 
-class PercentileCont(Aggregate):
-    """PostgreSQL's ``percentile_cont(f) WITHIN GROUP (ORDER BY expr)``: NULLs are ignored,
-    and the value interpolates linearly between the two nearest rows."""
-
-    function = "percentile_cont"
-    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
-    output_field = FloatField()
-
-    def __init__(self, expression, fraction: float, **extra):
-        fraction = float(fraction)
-        if not 0 <= fraction <= 1:
-            raise ValueError(f"fraction must be in [0, 1], got {fraction}")
-        super().__init__(expression, fraction=repr(fraction), **extra)
-
-
 @dataclass
 class ArmStats:
     requests: int = 0
@@ -331,8 +318,6 @@ def window_stats(release_id: int, start: datetime, end: datetime) -> dict[str, A
     answered (``ok``) rows, since a failure's latency says when it failed, and failures are
     judged by the error rate. p99 TTFT: over every row that got a first token.
     """
-    from billing.models import UsageRecord
-
     ok = Q(status=UsageRecord.Status.OK)
     rows = (
         UsageRecord.objects.filter(

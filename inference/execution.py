@@ -66,7 +66,6 @@ from inference.remote import (
     estimate_prompt_tokens,
     stream_chat,
 )
-from inference.router import queue_for
 from inference.secrets import SecretUnreadable
 from inference.streams import TERMINAL, PipelinedStreamWriter, StreamWriter, stream_events
 from ragsite import metrics
@@ -207,7 +206,7 @@ class Routing:
         if replaced:
             route.provider = Provider.objects.get(id=payload["provider_id"])
         self.route = route
-        self.queue = queue_for(route)
+        self.queue = route.provider.queue
         self.outcome = Outcome(route=route, attempts=self.budget.attempts, started=self.budget.started)
         last = handover.get("last_error") if handover else None
         self.last: Failure | None = Failure(**last) if last else None
@@ -256,7 +255,7 @@ class Routing:
             transient = False
             index = 0
             while (route := self.route_at(index)) is not None:
-                if queue_for(route) != self.queue:
+                if route.provider.queue != self.queue:
                     return self.hand_over(self.chain()[index:])
                 kinds = self.route_attempts(route)
                 transient = transient or any(kind in TRANSIENT for kind in kinds)
@@ -399,7 +398,10 @@ class Routing:
             "events": self.events,
             "last_error": None if self.last is None else vars(self.last),
         }
-        return {"queue": queue_for(target), "payload": {**self.payload, "route_id": target.id, "handover": handover}}
+        return {
+            "queue": target.provider.queue,
+            "payload": {**self.payload, "route_id": target.id, "handover": handover},
+        }
 
     # ------------------------------------------------------------------ one attempt
 

@@ -46,7 +46,7 @@ from datetime import datetime
 from django.conf import settings
 from django.db import connection
 
-from inference.rows import cursor, fetch_one
+from inference.rows import cursor, fetch_one, route_rows
 from inference.secrets import decrypt
 
 
@@ -140,8 +140,6 @@ def report_success(key_id: int) -> None:
 def route_with_key(route_id: int) -> tuple:
     """The route with its provider and, for a remote provider, its next key as ``pick``
     chooses it (or None): one statement, the first of every routed request."""
-    from inference.router import route_rows
-
     rows = route_rows()
     provider = (
         "(SELECT route.provider_id FROM inference_route route JOIN inference_provider provider "

@@ -25,6 +25,9 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
+from inference.secrets import decrypt, encrypt, fingerprint
+from ragsite.celery import Queue
+
 SPECULATIVE_K_MAX = 16
 
 
@@ -112,6 +115,11 @@ class Provider(models.Model):
     @property
     def is_local(self) -> bool:
         return self.kind == self.Kind.LOCAL
+
+    @property
+    def queue(self) -> str:
+        """The Celery queue whose workers call this provider: ``gpu`` for a pool, ``remote`` else."""
+        return Queue.GPU.value if self.is_local else Queue.REMOTE.value
 
     def speculation_mismatch(self, wanted: dict) -> tuple[str, str] | None:
         """Why this endpoint cannot serve a request's speculative options, as (the request's
@@ -210,8 +218,6 @@ class UpstreamKey(models.Model):
         return f"{self.label} (…{self.last_four})"
 
     def set_secret(self, plaintext: str) -> None:
-        from inference.secrets import encrypt, fingerprint
-
         plaintext = plaintext.strip()
         if not plaintext:
             raise ValidationError({"secret": "The key is empty."})
@@ -220,8 +226,6 @@ class UpstreamKey(models.Model):
         self.last_four = plaintext[-4:]
 
     def secret(self) -> str:
-        from inference.secrets import decrypt
-
         return decrypt(self.secret_encrypted)
 
 

@@ -20,29 +20,12 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from inference import backpressure, canary, keypool
+from inference.errors import NoRouteConfigured, RouteNotFound, RouteUnavailable, SpeculationUnavailable
 from inference.models import CanaryRelease, Provider, Route
 from inference.rows import Rows, fetch_one
-from ragsite.celery import Queue
+from inference.tasks import generate_routed
 from ragsite.logs import current_request_id
-
-
-class NoRouteConfigured(Exception):
-    """No enabled default route: the caller answers without generation (extractive)."""
-
-
-class RouteNotFound(ValueError):
-    """A request named a route that does not exist or is disabled."""
-
-    field = "route"
-
-
-class RouteUnavailable(Exception):
-    """Nothing can serve the route now (every key cooling down or disabled, on the route and
-    its fallbacks). ``retry_after_s``: when the first key comes back, if one will."""
-
-    def __init__(self, message: str, retry_after_s: float | None = None):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -57,28 +40,8 @@ class Plan:
 
 
 @functools.cache
-def route_rows() -> Rows:
-    return Rows((Route, "r"), (Provider, "p"))
-
-
-@functools.cache
 def _plan_rows() -> Rows:
     return Rows((Route, "r"), (Provider, "p"), (CanaryRelease, "c"), (Route, "cr"), (Provider, "cp"))
-
-
-def route_get(route_id: int) -> Route:
-    """The route with its provider (one query); ``Route.DoesNotExist`` if it is gone."""
-    rows = route_rows()
-    row = fetch_one(
-        f"SELECT {rows.columns} FROM inference_route r "  # noqa: S608 (column names from the models)
-        "JOIN inference_provider p ON p.id = r.provider_id WHERE r.id = %s",
-        [route_id],
-    )
-    if row is None:
-        raise Route.DoesNotExist(f"route {route_id} does not exist")
-    route, provider = rows.instances(row)
-    route.provider = provider
-    return route
 
 
 # When the provider's keys can next be used, in Unix seconds: 0 with an active key, the
@@ -166,8 +129,6 @@ def plan(*, route_name: str | None = None, client_id: str = "", request_id: str 
     and provider, and whether they have a usable key (``_resolve``: one query, or only the
     routing version's when nothing changed since this process last asked), and the sticky
     arm (``canary.arm_of``), decided as ``canary.arm_for`` does."""
-    from inference import canary
-
     resolved = _resolve(route_name)
     requested, release = resolved.route, resolved.release
     if release is None:
@@ -185,15 +146,6 @@ def plan(*, route_name: str | None = None, client_id: str = "", request_id: str 
         arm=arm,
         key_usable=_usable(resolved.canary_usable_from if arm == canary.CANARY else resolved.usable_from),
     )
-
-
-class SpeculationUnavailable(ValueError):
-    """No endpoint of the route's model serves the request's speculative options: a 400
-    naming ``field`` (speculation is fixed when an engine server starts)."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
 
 
 def provider_for_speculation(route: Route, wanted: dict) -> Provider:
@@ -217,18 +169,12 @@ def provider_for_speculation(route: Route, wanted: dict) -> Provider:
     )
 
 
-def queue_for(route: Route) -> str:
-    return Queue.GPU.value if route.provider.is_local else Queue.REMOTE.value
-
-
 def check_available(route: Route, *, key_usable: bool | None = None) -> None:
     """Raise ``RouteUnavailable`` when no key of the route's provider or of its fallbacks'
     providers is usable now (all cooling down or disabled, or none at all). A route on the
     local pool, or with a local fallback, is always available. One query when the route's
     own provider has a usable key (the usual case), none when ``key_usable`` says so (from
     the plan, which asked in its own query), two otherwise."""
-    from inference import keypool
-
     if route.provider.is_local or key_usable or (key_usable is None and keypool.has_usable(route.provider_id)):
         return
     available = keypool.availability(route_id=route.id)
@@ -298,14 +244,11 @@ def submit(plan: Plan, *, link=None, link_error=None, **request) -> None:
     ``link_error``: a signature Celery calls (with the task id first) when the task itself
     failed: its pool process died or hit the hard time limit, so ``link`` never runs.
     """
-    from inference import backpressure
-    from inference.tasks import generate_routed
-
     check_available(plan.route, key_usable=plan.key_usable)
     options = request.get("speculative")
     serving = provider_for_speculation(plan.route, options) if options else plan.route.provider
     payload = payload_for(plan, provider=serving, **request)
-    queue = queue_for(plan.route)
+    queue = plan.route.provider.queue
     if serving.is_local:  # PoolFull (503, Retry-After) when the pool's engines hold their bound of waiting requests
         backpressure.pool_admit(serving)
     # Overload: QueueFull (a RouteUnavailable: 503, Retry-After) when the queue is at its bound.

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import transaction
 
+from inference.models import Provider, Route
 from inference.pool import device_health
 
 # vLLM's names for our speculative methods; prompt lookup uses n-grams of 2 to 4 tokens of
@@ -243,8 +244,6 @@ class EngineServer:
 def pool_register(config: PoolConfig, device_urls: list[str]):
     """Create or update the pool's provider (kind ``local``) for ``config`` served at
     ``device_urls``, and make a default route to it when there is none; returns the provider."""
-    from inference.models import Provider, Route
-
     with transaction.atomic():
         provider = Provider.objects.select_for_update().filter(name=config.name).first() or Provider(name=config.name)
         provider.kind = Provider.Kind.LOCAL

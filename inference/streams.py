@@ -14,11 +14,11 @@ not know; only ``stats`` and ``error`` end a stream.
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Iterator
 
 import redis
-from django.conf import settings
+
+from ragsite.redis import redis_async_client, redis_client, resp_command
 
 STREAM_TTL_SECONDS = 3600
 TERMINAL = ("stats", "error")
@@ -28,19 +28,6 @@ NOTICES = ("progress",)
 
 def stream_key(request_id: str) -> str:
     return f"gen:{request_id}"
-
-
-_clients: dict[str, redis.Redis] = {}
-
-
-def redis_client() -> redis.Redis:
-    """One client (and connection pool) per process and URL: thread-safe, and reconnecting
-    per request would cost more than the writes (redis-py resets its pool after a fork)."""
-    client = _clients.get(settings.REDIS_URL)
-    if client is None:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30, socket_connect_timeout=5)
-        client = _clients.setdefault(settings.REDIS_URL, client)
-    return client
 
 
 class StreamWriter:
@@ -71,14 +58,6 @@ class StreamWriter:
             event_id, _ = pipe.execute()
             self._expiry_set = True
         return event_id.decode() if isinstance(event_id, bytes) else event_id
-
-
-def resp_command(*parts: bytes) -> bytes:
-    """One command in the Redis protocol (RESP): an array of bulk strings."""
-    out = [b"*%d\r\n" % len(parts)]
-    for part in parts:
-        out += (b"$%d\r\n" % len(part), part, b"\r\n")
-    return b"".join(out)
 
 
 class PipelinedStreamWriter(StreamWriter):
@@ -211,25 +190,7 @@ def stream_read(request_id: str, *, after: str = "0", block_ms: int = 15000) -> 
 #
 # For the web tier under ASGI (uvicorn): Django buffers a StreamingHttpResponse whose
 # iterator is synchronous before sending any of it, so Server-Sent Events must come from
-# an async iterator. One asyncio client per event loop (redis.asyncio pools are bound to
-# the loop that made them), held weakly by the loop itself: a closed loop's client goes with
-# it, and a new loop never inherits one (an id() of a dead loop can be reused).
-
-_async_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def redis_async_client():
-    import asyncio
-
-    import redis.asyncio
-
-    loop = asyncio.get_running_loop()
-    clients = _async_clients.setdefault(loop, {})
-    client = clients.get(settings.REDIS_URL)
-    if client is None:
-        client = redis.asyncio.Redis.from_url(settings.REDIS_URL, socket_timeout=30, socket_connect_timeout=5)
-        clients[settings.REDIS_URL] = client
-    return client
+# an async iterator.
 
 
 async def stream_aread(request_id: str, *, after: str = "0", block_ms: int = 15000):

@@ -17,7 +17,11 @@ from celery import Task, shared_task
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure
 
+from billing import ledger
+from inference.canary import analyse_releases
+from inference.execution import lost_generation_end, run_routed
 from inference.streams import TERMINAL, StreamWriter
+from ragsite.redis import redis_client
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +61,6 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
     When the request must go on on the other queue (a fallback route on the local pool,
     reached from the remote worker, or the reverse), this task is replaced by one on that
     queue with the same id, the attempt state in its payload, and the same ``link``."""
-    from inference.execution import run_routed
-
     writer = StreamWriter(request_id)
     handover = payload.get("handover") or {}
     expected = int(handover.get("events", 0))
@@ -92,9 +94,6 @@ def _end_after_redis_outage(request_id: str, payload: dict, exc: Exception) -> d
     bounded, then end the stream with an error and queue the ledger row (the tokens the
     stream kept), so that the answer fails with a reason instead of staying ``generating``.
     Re-raises when Redis does not come back in time."""
-    from inference.execution import lost_generation_end
-    from inference.streams import redis_client
-
     logger.warning("generation %s lost Redis (%s); waiting for it to end the request", request_id, exc)
     deadline = time.monotonic() + REDIS_OUTAGE_WAIT_S
     while True:
@@ -112,7 +111,6 @@ def _end_after_redis_outage(request_id: str, payload: dict, exc: Exception) -> d
 
 
 def _interrupted_routed_end(request_id: str, payload: dict, events: int) -> dict:
-    from inference.execution import lost_generation_end
 
     reason = (
         f"interrupted: the worker running this request was lost after {events} event"
@@ -128,8 +126,6 @@ def _ledger_drain_after(request_id: str) -> None:
     most, so that a backlog never holds this task up for long), now that its reader has the
     answer; before the task's ``link`` runs, so that what follows the answer finds the row.
     A failure leaves the rows queued for the beat's drain."""
-    from billing import ledger
-
     try:
         ledger.drain(max_batches=1)
     except Exception:
@@ -154,9 +150,6 @@ def _end_stream_of_lost_generation(sender=None, task_id=None, exception=None, ar
         return
     if len(args) > 1:
         # The terminal event and the ledger row (the tokens its stream holds) together.
-        from billing import ledger
-        from inference.execution import lost_generation_end
-
         try:
             lost_generation_end(args[0], args[1], reason)
             ledger.drain()
@@ -173,6 +166,4 @@ def canary_analyse() -> list[dict]:
     """Beat, every minute (queue ``default``): judge each live canary release's newest
     complete window, rolling back or promoting a step (``inference.canary.analyse_releases``).
     Safe to run twice at once: each release is analysed under its row lock, once per window."""
-    from inference.canary import analyse_releases
-
     return analyse_releases()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# Where the heartbeat job leaves its last run's time, for /readyz (frontdoors/readiness.py).
+BEAT_HEARTBEAT_KEY = "ragsite:beat:heartbeat"
+
 BEAT_SCHEDULE = {
     # Lets /readyz and operators see that beat itself is alive.
     "beat-heartbeat": {

@@ -16,13 +16,14 @@ from enum import StrEnum
 
 import redis
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_process_shutdown
+from celery.signals import task_postrun, task_prerun
 from django.db import close_old_connections
 from kombu import Queue as KombuQueue
 from kombu.transport.redis import Channel as RedisChannel
 
 from ragsite.beat import BEAT_SCHEDULE
 from ragsite.logs import install_celery_hooks
+from ragsite.redis import redis_client
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ragsite.settings")
 
@@ -32,6 +33,24 @@ class Queue(StrEnum):
     GPU = "gpu"
     REMOTE = "remote"
     DEFAULT = "default"
+
+
+# Kombu's Redis transport: the priority steps of a queue and the separator of their lists.
+PRIORITY_STEPS = (0, 3, 6, 9)
+PRIORITY_SEPARATOR = "\x06\x16"
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists holding ``queue``'s waiting messages, one per priority step."""
+    return [queue if step == 0 else f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS]
+
+
+def queue_depth(queue: str, client: redis.Redis | None = None) -> int:
+    """Messages waiting in ``queue`` for a worker (all priority steps)."""
+    pipe = (client or redis_client()).pipeline(transaction=False)
+    for name in queue_lists(queue):
+        pipe.llen(name)
+    return sum(pipe.execute())
 
 
 # Routing by task module: a task lands on its app's queue without every call site
@@ -75,15 +94,6 @@ app.conf.update(
 
 
 app.conf.beat_schedule = BEAT_SCHEDULE
-
-
-@worker_process_shutdown.connect
-def _metrics_process_exited(**_):
-    """Prometheus multiprocess mode: a pool process's live gauges leave with it (ragsite/metrics.py;
-    other processes do it at interpreter exit, which pool processes skip)."""
-    from ragsite import metrics
-
-    metrics.process_exited()
 
 
 @task_prerun.connect

@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "search",
     "inference",
     "billing",
+    "frontdoors",  # the URL map, readiness, /metrics, the admin dashboards, `manage.py up`
 ]
 
 MIDDLEWARE = [
@@ -91,7 +92,7 @@ MIDDLEWARE = [
     "ragsite.outages.OutageMiddleware",
 ]
 
-ROOT_URLCONF = "ragsite.urls"
+ROOT_URLCONF = "frontdoors.urls"
 WSGI_APPLICATION = "ragsite.wsgi.application"
 ASGI_APPLICATION = "ragsite.asgi.application"
 

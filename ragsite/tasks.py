@@ -7,7 +7,8 @@ from celery import shared_task
 from django.db import connection
 from django.utils import timezone
 
-from ragsite.health import BEAT_HEARTBEAT_KEY, redis_client
+from ragsite.beat import BEAT_HEARTBEAT_KEY
+from ragsite.redis import redis_client
 
 
 @shared_task(name="ragsite.tasks.ping")

@@ -38,14 +38,19 @@ from dataclasses import replace
 from datetime import timedelta
 
 import redis
+from asgiref.sync import sync_to_async
 from celery import signature
 from django.db import transaction
 from django.utils import timezone
 
+from billing import limits
+from billing.limits import LimitExceeded
 from billing.models import ClientKey
 from inference import router
+from inference.errors import NoRouteConfigured, RouteNotFound, RouteUnavailable, SpeculationUnavailable
 from inference.models import Route
-from inference.streams import TERMINAL, StreamWriter, redis_client, stream_events, stream_key, stream_read
+from inference.streams import TERMINAL, StreamWriter, stream_aread, stream_events, stream_key, stream_read
+from ragsite.redis import redis_async_client, redis_client
 from search import prompting
 from search.extractive import extractive_answer
 from search.models import Answer, Collection, Workspace
@@ -125,11 +130,9 @@ def answer_create(
 
 
 def _reason(exc: Exception) -> str:
-    from billing.limits import LimitExceeded
-
     if isinstance(
         exc,
-        AnswerError | router.RouteNotFound | router.RouteUnavailable | router.SpeculationUnavailable | LimitExceeded,
+        AnswerError | RouteNotFound | RouteUnavailable | SpeculationUnavailable | LimitExceeded,
     ):
         return str(exc)
     return f"the answer could not be started: {type(exc).__name__}: {exc}"
@@ -162,7 +165,7 @@ def _collections_resolve(workspace: Workspace, collections) -> list[Collection]:
 def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature, started, speculative) -> Answer:
     try:
         plan = router.plan(route_name=route_name, client_id=answer.client_id, request_id=str(answer.id))
-    except router.NoRouteConfigured:
+    except NoRouteConfigured:
         plan = None
 
     retrieve_started = time.perf_counter()
@@ -250,8 +253,6 @@ def _submit_admitted(client_key, plan: router.Plan, request, **submit) -> None:
     if client_key is None:
         router.submit(plan, messages=request.messages, max_tokens=request.max_tokens, **submit)
         return
-    from billing import limits
-
     provider = plan.route.provider
     admission = limits.admit(
         client_key,
@@ -587,10 +588,6 @@ def _stored_events(answer: Answer, after: str) -> list[tuple[str, str, dict]] | 
 async def answer_stream_aread(answer_id, *, after: str = "0", block_ms: int = 15000):
     """``answer_stream_read`` for async views (Server-Sent Events under ASGI): the same
     events, the stored answer replayed when its stream has expired or never started."""
-    from asgiref.sync import sync_to_async
-
-    from inference.streams import redis_async_client, stream_aread
-
     if not await redis_async_client().exists(stream_key(str(answer_id))):
         answer = await sync_to_async(Answer.objects.only("status", "text", "stats", "error").get)(pk=answer_id)
         replayed = _stored_events(answer, after)

@@ -24,6 +24,7 @@ from django.conf import settings
 from django.core.cache import cache
 
 from inference.engine.hardware import cpu_has_bf16
+from ragsite import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -192,8 +193,6 @@ def query_embedding(name: str, text: str) -> np.ndarray:
         cached = cache.get(key)
     except Exception:  # a cache outage must not take search down with it
         cached = None
-    from ragsite import metrics
-
     metrics.query_embedding_cache(hit=cached is not None)
     if cached is not None:
         return np.frombuffer(cached, dtype=np.float32)

@@ -1,6 +1,6 @@
 """The answer without a generation model: the sentences of the top chunks that best match the question.
 
-Used when no generation route is configured (``inference.router.NoRouteConfigured``), so
+Used when no generation route is configured (``inference.errors.NoRouteConfigured``), so
 that a fresh install with only the embedded stack still answers. The text quotes the
 sources verbatim, one sentence per line, each followed by its source's ``[n]``, under a
 line saying that it is extracted, not generated.
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from search.embedders import EmbedderError, embedder_get, query_embedding
 from search.prompting import Source
 
 logger = logging.getLogger(__name__)
@@ -92,8 +93,6 @@ def _lexemes(texts: list[str], config: str | None) -> list[set[str]]:
 
 
 def _dense_scores(question: str, sentences: list[str], embedding_model: str) -> np.ndarray | None:
-    from search.embedders import EmbedderError, embedder_get, query_embedding
-
     try:
         query = query_embedding(embedding_model, question)
         vectors = np.asarray(embedder_get(embedding_model).embed_documents(sentences), dtype=np.float32)

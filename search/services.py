@@ -6,13 +6,16 @@ import hashlib
 import logging
 from pathlib import PurePath
 
+from celery import signature
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
+from ragsite.redis import redis_client
 from search.embedders import DEFAULT_EMBEDDER, embedder_get
 from search.ingest.parsers import ParseError, sniff_media_type
+from search.ingest.pipeline import chunks_remove, interruptions_key
 from search.models import Collection, Document, Workspace
 from search.vector_indexes import vector_index_ensure
 
@@ -190,16 +193,12 @@ def _storage_name(source_name: str, digest: str) -> str:
 
 
 def _enqueue_ingest(document_id: int) -> None:
-    from search.tasks import document_ingest
-
-    document_ingest.delay(document_id)
+    # By the task's name: tasks sit above the services they call (docs/architecture.md).
+    signature("search.tasks.document_ingest", args=(document_id,)).delay()
 
 
 def document_retry(*, document: Document) -> Document:
     """Queue a failed document for another attempt."""
-    from inference.streams import redis_client
-    from search.tasks import interruptions_key
-
     if document.status != Document.Status.FAILED:
         return document
     Document.objects.filter(pk=document.pk).update(status=Document.Status.QUEUED, error="", chunks_embedded=0)
@@ -211,8 +210,6 @@ def document_retry(*, document: Document) -> Document:
 
 def document_delete(*, document: Document) -> None:
     """Delete a document, its chunks, its share of the BM25 statistics, and its file."""
-    from search.ingest.pipeline import chunks_remove
-
     with transaction.atomic():
         collection = Collection.objects.select_for_update().get(pk=document.collection_id)
         chunks_remove(document.pk, collection)

@@ -13,6 +13,8 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from ragsite.celery import LONG_TASK_OPTIONS
+from ragsite.redis import redis_client
+from search import answers, vector_indexes
 from search.ingest import pipeline
 from search.models import Document
 
@@ -36,21 +38,15 @@ INGEST_MAX_INTERRUPTIONS = 3
 _IN_PROGRESS = (Document.Status.PARSING, Document.Status.CHUNKING, Document.Status.EMBEDDING)
 
 
-def interruptions_key(document_id: int) -> str:
-    return f"ingest:interrupted:{document_id}"
-
-
 def _interrupted_too_often(document_id: int) -> bool:
     """Counts a delivery that finds its document still in progress (the previous delivery's
     worker died mid-way); True once that has happened ``INGEST_MAX_INTERRUPTIONS`` times."""
-    from inference.streams import redis_client
-
     status = Document.objects.filter(pk=document_id).values_list("status", flat=True).first()
     if status not in _IN_PROGRESS:
         return False
     client = redis_client()
-    count = client.incr(interruptions_key(document_id))
-    client.expire(interruptions_key(document_id), 86400)
+    count = client.incr(pipeline.interruptions_key(document_id))
+    client.expire(pipeline.interruptions_key(document_id), 86400)
     return count >= INGEST_MAX_INTERRUPTIONS
 
 
@@ -90,9 +86,7 @@ def collection_bm25_refresh(collection_id: int) -> float:
 # Building the index over millions of chunks takes minutes: a longer limit than the default.
 @shared_task(name="search.tasks.search_indexes_maintain", ignore_result=True, soft_time_limit=3300, time_limit=3500)
 def search_indexes_maintain() -> str | None:
-    from search.vector_indexes import search_indexes_maintain as maintain
-
-    return maintain(min_chunks=settings.SEARCH_BM25_INDEX_MIN_CHUNKS)
+    return vector_indexes.search_indexes_maintain(min_chunks=settings.SEARCH_BM25_INDEX_MIN_CHUNKS)
 
 
 # --------------------------------------------------------------------------- answers (queue ``default``)
@@ -118,8 +112,6 @@ class _GenerationResultTask(Task):
 def answer_finalize(self, result: dict, answer_id: str) -> None:
     """Store the end of an answer's generation (``search.answers.answer_finalize``). When the
     result is not the generation's end (it went on on another queue), watch the stream."""
-    from search import answers
-
     _answer_step(
         self, answer_id, lambda: not answers.answer_finalize(answer_id=answer_id, result=result)[1], (answer_id,)
     )
@@ -130,8 +122,6 @@ def answer_finalize(self, result: dict, answer_id: str) -> None:
 )
 def answer_map_collect(self, result: dict, answer_id: str, index: int) -> None:
     """Store one map request's notes of a map-reduce answer; the last submits the reduce."""
-    from search import answers
-
     _answer_step(
         self,
         answer_id,
@@ -144,8 +134,6 @@ def _answer_step(task, answer_id: str, step, args: tuple) -> None:
     """Run one answer task's ``step`` (True when done): transient database or Redis errors
     retry with backoff, anything else (or retries spent) fails the answer; not done yet
     (the generation has not ended) looks again later with a ``watch`` result."""
-    from search import answers
-
     try:
         done = step()
     except TRANSIENT_ERRORS as exc:
@@ -163,8 +151,6 @@ def _answer_step(task, answer_id: str, step, args: tuple) -> None:
 @shared_task(name="search.tasks.answers_reap", ignore_result=True, soft_time_limit=240, time_limit=280)
 def answers_reap() -> int:
     """Beat: end answers whose storing tasks were lost (``search.answers.answers_reap``)."""
-    from search import answers
-
     return answers.answers_reap()
 
 
@@ -179,8 +165,6 @@ def answer_generation_lost(task_id: str, answer_id: str) -> None:
 
 def _answer_fail_on(exc: Exception, answer_id: str) -> None:
     """A bug or a lasting outage must not leave an answer ``generating`` for ever."""
-    from search import answers
-
     try:
         answers.answer_fail(answer_id, f"the answer could not be stored: {type(exc).__name__}", end_stream=True)
     except Exception:  # the database or Redis is still down: the exception above is logged

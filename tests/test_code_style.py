@@ -1,7 +1,10 @@
-"""The tree stays ruff-clean (lint and format), so style never drifts between sessions."""
+"""The tree stays ruff-clean (lint and format) and keeps its layers (docs/architecture.md), so
+style and structure never drift between sessions."""
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import PROJECT_ROOT
 
@@ -28,3 +31,50 @@ def test_no_missing_migrations():
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_layers_and_acyclic_packages_hold():
+    """import-linter's contracts in pyproject.toml: frontdoors > search > inference > billing >
+    ragsite, each importing only those below it, and no cycle among a package's modules. The
+    import graph includes imports inside functions, so a cycle cannot hide in one."""
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 2 kept, 0 broken." in result.stdout, result.stdout
+
+
+APPS = ("frontdoors", "search", "inference", "billing", "ragsite")
+
+
+def _function_local_first_party_imports(path) -> list[str]:
+    found = []
+
+    def visit(node, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if in_function and isinstance(child, ast.Import | ast.ImportFrom):
+                names = [alias.name for alias in child.names] if isinstance(child, ast.Import) else [child.module or ""]
+                if any(name.split(".")[0] in APPS for name in names) or getattr(child, "level", 0):
+                    found.append(f"{path.relative_to(PROJECT_ROOT)}:{child.lineno}")
+            visit(child, inside)
+
+    visit(ast.parse(path.read_text()), False)
+    return found
+
+
+def test_no_first_party_import_inside_a_function():
+    """Imports of our own modules sit at the top of a module, where the layers contract and a
+    reader see them; a function-local one is how cycles used to be hidden. (Lazy imports of
+    heavy third-party libraries stay allowed.)"""
+    found = [
+        where
+        for app in APPS
+        for path in sorted((PROJECT_ROOT / app).rglob("*.py"))
+        if "migrations" not in path.parts
+        for where in _function_local_first_party_imports(path)
+    ]
+    assert found == []

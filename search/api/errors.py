@@ -6,8 +6,8 @@ class, not globally, so other DRF views keep their own shapes). It renders DRF's
 
 - ``billing.limits.LimitExceeded``: its ``status`` (429, or 402 when the budget is spent), with
   ``Retry-After`` when it says when to retry;
-- ``inference.router.RouteUnavailable``: 503 with ``Retry-After`` when a key comes back;
-- ``inference.router.RouteNotFound``: 400, field ``route``;
+- ``inference.errors.RouteUnavailable``: 503 with ``Retry-After`` when a key comes back;
+- ``inference.errors.RouteNotFound``: 400, field ``route``;
 - ``search.answers.AnswerError``, ``search.selectors.SearchError``,
   ``search.services.DocumentRejected``: 400, with the field;
 - anything else: 500 ``server_error``, logged with its traceback (the body says nothing more).
@@ -28,7 +28,7 @@ from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from billing.limits import LimitExceeded
-from inference.router import RouteNotFound, RouteUnavailable
+from inference.errors import RouteNotFound, RouteUnavailable
 from ragsite.outages import RETRY_AFTER_S, log_outage, outage_message, outage_of
 from search.answers import AnswerError
 from search.selectors import SearchError

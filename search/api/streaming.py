@@ -33,7 +33,8 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 
 from billing import client_keys
-from inference.streams import TERMINAL, redis_async_client, stream_key
+from inference.streams import TERMINAL, stream_key
+from ragsite.redis import redis_async_client
 from search.answers import answer_stream_aread
 from search.api.auth import Access, Scope, access_resolve, workspace_slug_of
 from search.api.errors import ApiError, api_error_of, error_json, invalid

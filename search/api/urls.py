@@ -1,4 +1,4 @@
-"""URLs of the REST API, included under ``/api/`` (``ragsite/urls.py``): v1's endpoints, the
+"""URLs of the REST API, included under ``/api/`` (``frontdoors/urls.py``): v1's endpoints, the
 OpenAPI schema and its interactive docs. Paths have no trailing slash."""
 
 from django.urls import path, re_path

@@ -17,10 +17,12 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from celery import signature
 from django.conf import settings
 from django.db import DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 
+from billing import ledger
 from ragsite import metrics
 from search.embedders import Embedder, EmbedderError, embedder_get
 from search.ingest.chunking import TextChunk, chunk_text
@@ -277,8 +279,6 @@ class _EmbeddingUsage:
             entry[2] += elapsed_ms / len(group)
 
     def record(self) -> None:
-        from billing import ledger
-
         rows = [
             ledger.embedding_row(
                 model=item.embedder.name,
@@ -611,15 +611,19 @@ def collection_statistics_rebuild(cursor, collection_id: int) -> tuple[int, int]
     return int(chunks), int(lexemes)
 
 
+def interruptions_key(document_id: int) -> str:
+    """The count of deliveries of a document's ingestion that were cut off (search.tasks)."""
+    return f"ingest:interrupted:{document_id}"
+
+
 def _refresh_bm25_if_drifted(collection_id: int) -> None:
     collection = Collection.objects.get(pk=collection_id)
     if not collection.chunk_count or collection.bm25_avgdl <= 0:
         return
     current = collection.lexeme_total / collection.chunk_count
     if abs(current - collection.bm25_avgdl) / collection.bm25_avgdl > AVGDL_DRIFT_LIMIT:
-        from search.tasks import collection_bm25_refresh
-
-        transaction.on_commit(lambda: collection_bm25_refresh.delay(collection_id))
+        # By the task's name: tasks sit above the pipeline they run (docs/architecture.md).
+        transaction.on_commit(lambda: signature("search.tasks.collection_bm25_refresh", args=(collection_id,)).delay())
 
 
 def collection_bm25_refresh(*, collection_id: int, batch_size: int = 5000) -> float:

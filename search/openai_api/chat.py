@@ -32,6 +32,7 @@ from django.conf import settings
 from billing import limits
 from billing.models import ClientKey
 from inference import router
+from inference.errors import NoRouteConfigured, RouteNotFound, RouteUnavailable, SpeculationUnavailable
 from inference.models import Route
 from search import answers, prompting
 from search.embedders import DEFAULT_EMBEDDER
@@ -214,9 +215,9 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
     route_name = route_name_for(chat.model)
     try:
         route = router.route_resolve(route_name)
-    except router.NoRouteConfigured:
+    except NoRouteConfigured:
         route = None
-    except router.RouteNotFound as exc:
+    except RouteNotFound as exc:
         raise from_route_not_found(exc) from None
     options = speculative.wanted(chat.speculative)
     if route is not None:
@@ -247,11 +248,11 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
         if exc.field == "max_tokens" and chat.max_tokens is None:
             param = None  # the route's own max_tokens: not the client's doing
         raise invalid(param, str(exc)) from None
-    except router.RouteNotFound as exc:
+    except RouteNotFound as exc:
         raise from_route_not_found(exc) from None
-    except router.SpeculationUnavailable as exc:  # the canary's endpoints differ from the route's
+    except SpeculationUnavailable as exc:  # the canary's endpoints differ from the route's
         raise invalid(exc.field, str(exc)) from None
-    except router.RouteUnavailable as exc:
+    except RouteUnavailable as exc:
         raise from_route_unavailable(exc) from None
     except limits.LimitExceeded as exc:
         raise from_limit(exc) from None

@@ -22,7 +22,7 @@ from django.http import JsonResponse
 
 from billing.client_keys import ClientKeyError
 from billing.limits import LimitExceeded
-from inference.router import RouteNotFound, RouteUnavailable
+from inference.errors import RouteNotFound, RouteUnavailable
 
 # The error "type" per status, after OpenAI's own names where it has one.
 _TYPES = {

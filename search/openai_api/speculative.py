@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inference import router
+from inference.errors import SpeculationUnavailable
 from inference.models import SPECULATIVE_K_MAX, Route
 from search.openai_api.errors import invalid
 
@@ -160,6 +161,6 @@ def check(options: dict | None, route: Route) -> None:
         return
     try:
         router.provider_for_speculation(route, options)
-    except router.SpeculationUnavailable as exc:
+    except SpeculationUnavailable as exc:
         code = "model_not_found" if exc.field == "draft_model" else "invalid_value"
         raise invalid(exc.field, str(exc), code=code) from None

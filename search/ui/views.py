@@ -27,7 +27,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from inference.router import RouteUnavailable
+from inference.errors import RouteUnavailable
 from search.answers import AnswerError, answer_create, answer_stream_aread
 from search.models import Answer, Chunk, Document
 from search.selectors import SearchError, chunk_search

@@ -1,4 +1,4 @@
-"""Monthly cost and the billing dashboards (billing/dashboard.py, billing/views.py) on real
+"""Monthly cost and the billing dashboards (billing/dashboard.py, frontdoors/dashboards.py) on real
 PostgreSQL: handmade ledger rows (explicit UTC times and costs) give exact Decimal totals
 split at month boundaries, a projection computed by hand, rows without a price counted and
 flagged (never as 0), an exact CSV, an exact stable/canary comparison, the display currency,
@@ -308,7 +308,7 @@ def test_a_comparison_notes_an_arm_without_rows_and_requests_without_a_price(rel
 def test_the_display_currency_converts_exactly(settings):
     settings.BILLING_DISPLAY_CURRENCY = "EUR"
     settings.BILLING_EXCHANGE_RATE = Decimal("0.9")
-    from billing.views import money
+    from frontdoors.dashboards import money
 
     assert dashboard.to_display(Decimal("1.234567890123")) == Decimal("1.1111111011107")
     assert dashboard.to_display(None) is None

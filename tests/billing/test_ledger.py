@@ -20,7 +20,8 @@ from billing import ledger
 from billing.models import Price, UsageRecord
 from billing.pricing import cost_of
 from inference.execution import run_routed
-from inference.streams import redis_client, stream_events, stream_read
+from inference.streams import stream_events, stream_read
+from ragsite.redis import redis_client
 from tests.inference.routing_helpers import WORDS, key_make, payload, provider_make, route_make
 from tests.upstream_server import upstream_script
 

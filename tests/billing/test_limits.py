@@ -22,7 +22,7 @@ from billing import limits
 from billing.limits import LimitExceeded, ModelUnpriced
 from billing.models import BudgetAlert, ClientKey, Price, UsageRecord
 from billing.pricing import cost_of
-from inference.streams import redis_client
+from ragsite.redis import redis_client
 from search.models import Workspace
 
 pytestmark = pytest.mark.django_db(transaction=True)

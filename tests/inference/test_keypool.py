@@ -17,8 +17,8 @@ import pytest
 from django.utils import timezone
 
 from inference import keypool, router
+from inference.errors import RouteUnavailable
 from inference.models import Provider, UpstreamKey
-from inference.router import RouteUnavailable
 from tests.conftest import database_url_for_current_test_db
 from tests.inference.routing_helpers import (
     WORDS,
@@ -343,7 +343,7 @@ def test_a_local_fallback_keeps_the_route_available(upstream_server, monkeypatch
     assert (request_id, payload["route_id"], options["queue"]) == (plan.request_id, route.id, "remote")
     # Without the local fallback, the same keyless provider is refused before anything is queued.
     bare = route_make(remote)
-    with pytest.raises(router.RouteUnavailable) as refused:
+    with pytest.raises(RouteUnavailable) as refused:
         router.submit(_plan(bare), messages=[{"role": "user", "content": "hi"}])
     assert refused.value.retry_after_s is None  # no key comes back by itself
     assert len(sent) == 1

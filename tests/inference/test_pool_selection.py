@@ -24,8 +24,9 @@ import pytest
 
 from inference import pool, router
 from inference.backpressure import PoolFull, pool_admit
+from inference.errors import RouteUnavailable, SpeculationUnavailable
 from inference.models import Provider, Route
-from inference.router import RouteUnavailable, SpeculationUnavailable, provider_for_speculation
+from inference.router import provider_for_speculation
 from tests.inference.tiny_models import tiny_model_save
 from tests.pools import closed_device, engine_serving
 

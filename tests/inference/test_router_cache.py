@@ -18,8 +18,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from inference import keypool, router
+from inference.errors import RouteNotFound, RouteUnavailable
 from inference.models import CanaryRelease, Provider, Route, RoutingVersion, UpstreamKey
-from inference.router import RouteNotFound, RouteUnavailable
 from tests.conftest import database_url_for_current_test_db
 from tests.inference.routing_helpers import key_make, provider_make, route_make
 

@@ -23,6 +23,7 @@ from billing.models import UsageRecord
 from inference import canary, pool, router
 from inference.engine import GenerationRequest, GenerationStats, SpeculativeConfig, generate
 from inference.engine.models import models_load
+from inference.errors import RouteNotFound, RouteUnavailable
 from inference.execution import run_routed
 from inference.models import CanaryRelease, Provider, Route, UpstreamKey
 from inference.streams import StreamWriter, stream_key
@@ -322,7 +323,7 @@ def test_the_plan_gives_each_client_the_arm_canary_arm_for_gives(upstream_server
 
 def test_a_named_route_that_does_not_exist_is_refused_with_the_names_there_are(upstream_server):
     route = route_make(provider_make(upstream_server))
-    with pytest.raises(router.RouteNotFound) as refused:
+    with pytest.raises(RouteNotFound) as refused:
         router.plan(route_name="no-such-route")
     assert route.name in str(refused.value)
 
@@ -361,7 +362,7 @@ def test_requests_fail_over_between_keys_through_a_remote_worker(start_worker, u
     UpstreamKey.objects.filter(id=spare.id).update(status="cooling_down", cooldown_until=_aware(time.time() + 60))
     limited.refresh_from_db()
     back_in = limited.cooldown_until.timestamp() - time.time()  # the first key back: the limited one
-    with pytest.raises(router.RouteUnavailable) as refused:
+    with pytest.raises(RouteUnavailable) as refused:
         router.submit(router.plan(route_name=route.name), messages=messages)
     assert back_in - 1 <= refused.value.retry_after_s <= back_in
 

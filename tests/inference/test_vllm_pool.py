@@ -16,8 +16,8 @@ import time
 import pytest
 
 from billing.models import UsageRecord
+from frontdoors.readiness import readiness_summary
 from inference.models import Provider, Route
-from ragsite.health import readiness_summary
 from search.answers import answer_create
 from search.models import Answer
 from tests.conftest import celery_worker

@@ -31,7 +31,8 @@ import pytest
 from billing import client_keys, ledger
 from billing.models import UsageRecord
 from inference.models import Provider, Route
-from inference.streams import redis_client, stream_events, stream_read
+from inference.streams import stream_events, stream_read
+from ragsite.redis import redis_client
 from search.answers import answer_create
 from search.models import Answer, Chunk, Document
 from search.services import collection_create, document_create, workspace_create

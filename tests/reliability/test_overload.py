@@ -28,7 +28,8 @@ import pytest
 from billing import client_keys
 from inference import backpressure
 from inference.models import Provider, Route, UpstreamKey
-from inference.streams import redis_client
+from ragsite.celery import queue_lists
+from ragsite.redis import redis_client
 from search.models import Answer
 from search.services import workspace_create
 
@@ -72,7 +73,7 @@ def site(upstream_server):
     upstream_key.set_secret(f"sk-overload-{uuid.uuid4().hex}")
     upstream_key.save()
     Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=32)
-    redis_client().delete(*backpressure.queue_lists(QUEUE), backpressure.reservations_key(QUEUE))
+    redis_client().delete(*queue_lists(QUEUE), backpressure.reservations_key(QUEUE))
     _, token = client_keys.create(workspace, "load", scopes=["search", "generate"])
     return token
 

@@ -18,8 +18,8 @@ from django.contrib.auth import get_user_model
 from billing import client_keys, limits
 from billing.models import Price, UsageRecord
 from billing.pricing import cost_of
+from inference.errors import RouteNotFound, RouteUnavailable
 from inference.models import Provider, Route, UpstreamKey
-from inference.router import RouteNotFound, RouteUnavailable
 from inference.streams import StreamWriter
 from search import answers
 from search.answers import AnswerError, answer_create, answer_fail, answer_stream_read

@@ -11,7 +11,7 @@ from django.db import DataError, connection
 
 from billing import ledger
 from billing.models import UsageRecord
-from inference.streams import redis_client
+from ragsite.redis import redis_client
 from search.ingest import pipeline
 from search.ingest.parsers import parse_document
 from search.models import Chunk, Collection, Document, TermStat
@@ -178,7 +178,8 @@ def test_a_failed_document_can_be_retried(collection):
 
 
 def test_a_document_cut_off_three_times_fails_instead_of_being_redelivered_for_ever(collection):
-    from search.tasks import INGEST_MAX_INTERRUPTIONS, document_ingest, interruptions_key
+    from search.ingest.pipeline import interruptions_key
+    from search.tasks import INGEST_MAX_INTERRUPTIONS, document_ingest
 
     document, _ = document_create(collection=collection, source_name="h.md", content=HANDBOOK.encode(), enqueue=False)
     in_progress = {"status": Document.Status.EMBEDDING}
@@ -248,7 +249,7 @@ def test_long_documents_are_chunked_to_the_end_after_the_model_has_run(collectio
 
 @pytest.mark.django_db(transaction=True)
 def test_bulk_ingestion_overlaps_writes_with_embedding_and_loses_nothing(monkeypatch, settings, tmp_path):
-    from search.ingest import bulk
+    from search import bulk_load as bulk
     from search.services import collection_create, workspace_create
 
     settings.MEDIA_ROOT = tmp_path / "bulk-media"

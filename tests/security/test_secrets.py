@@ -25,7 +25,7 @@ from django.test import Client
 from billing import client_keys, ledger
 from billing.models import UsageRecord
 from inference.models import Provider, Route, RouteFallback, UpstreamKey
-from inference.streams import redis_client
+from ragsite.redis import redis_client
 from search.services import collection_create, workspace_create
 from tests.inference.routing_helpers import unique
 from tests.search.files import ingest_texts

@@ -15,8 +15,8 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
+from search import bulk_load as bulk
 from search.beir import is_beir_dir, mrr_at, ndcg_at, qrels_read, queries_read, recall_at
-from search.ingest import bulk
 from search.ingest.pipeline import collection_bm25_refresh
 from search.models import Collection, Document
 from search.selectors import MODES, chunk_search

@@ -8,11 +8,12 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Count
 from tqdm import tqdm
 
+from search import bulk_load as bulk
 from search.beir import is_beir_dir
 from search.embedders import DEFAULT_EMBEDDER
-from search.ingest import bulk
 from search.models import Document
 from search.services import collection_create, workspace_create
+from search.tasks import document_ingest
 
 
 class Command(BaseCommand):
@@ -50,8 +51,6 @@ class Command(BaseCommand):
         todo = bulk.pending(target)
         self.stdout.write(f"{len(new_ids)} new documents; {len(todo)} to ingest into {ws.slug}/{target.name}")
         if queue:
-            from search.tasks import document_ingest
-
             for pk in todo:
                 document_ingest.delay(pk)
             self.stdout.write(f"queued {len(todo)} documents on the ingest queue")

@@ -21,9 +21,10 @@ from django.test import AsyncClient
 from django.utils import timezone
 
 from billing.models import Price
-from inference import backpressure
 from inference.models import Provider, Route, UpstreamKey
-from inference.streams import StreamWriter, redis_client
+from inference.streams import StreamWriter
+from ragsite.celery import queue_depth, queue_lists
+from ragsite.redis import redis_client
 from search.api import streaming
 from search.models import Answer, Document, Membership
 from search.services import workspace_create
@@ -60,8 +61,8 @@ def submitted():
     queue in Redis. Submission is the real one (admission, the queue bound, the Celery
     message); no worker consumes the queue here, and the messages are removed afterwards."""
     client = redis_client()
-    lists = backpressure.queue_lists("remote")
-    assert backpressure.queue_depth("remote") == 0
+    lists = queue_lists("remote")
+    assert queue_depth("remote") == 0
 
     def request_ids() -> list[str]:
         messages = [json.loads(raw) for name in lists for raw in client.lrange(name, 0, -1)]

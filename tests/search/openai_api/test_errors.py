@@ -7,7 +7,7 @@ import json
 import pytest
 
 from billing.limits import LimitExceeded, ModelUnpriced
-from inference.router import RouteUnavailable
+from inference.errors import RouteUnavailable
 from search.openai_api.errors import from_generation, from_limit, from_route_unavailable, invalid
 
 

@@ -1,10 +1,10 @@
-"""The billing dashboards, mounted at ``/admin/billing/dashboard/`` (ragsite/urls.py), each
+"""The billing dashboards, mounted at ``/admin/billing/dashboard/`` (frontdoors/urls.py), each
 view behind the admin's login and staff check (``admin.site.admin_view``)."""
 
 from django.contrib import admin
 from django.urls import path
 
-from billing import views
+from frontdoors import dashboards as views
 
 app_name = "billing_dashboard"
 

@@ -4,7 +4,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from ragsite import health, metrics
+from frontdoors import readiness, scrape
 
 admin.site.site_header = "RAG search administration"
 admin.site.site_title = "RAG search admin"
@@ -14,13 +14,13 @@ urlpatterns = [
     path("", include("search.ui.urls")),  # the browser UI; its search page is the home page
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="login"), name="logout"),
-    path("healthz", health.healthz, name="healthz"),
+    path("healthz", readiness.healthz, name="healthz"),
     # Pages without an icon link (the admin's, the API docs) make browsers ask for this.
     path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True), name="favicon"),
-    path("readyz", health.readyz, name="readyz"),
-    path("metrics", metrics.metrics_view, name="metrics"),  # Prometheus; token: METRICS_TOKEN
+    path("readyz", readiness.readyz, name="readyz"),
+    path("metrics", scrape.metrics_view, name="metrics"),  # Prometheus; token: METRICS_TOKEN
     path("api/", include("search.api.urls")),
-    path("admin/billing/dashboard/", include("billing.urls")),
+    path("admin/billing/dashboard/", include("frontdoors.dashboard_urls")),
     path("admin/", admin.site.urls),
     path("v1/", include("search.openai_api.urls")),
 ]

@@ -3,9 +3,9 @@ and each enabled GPU pool's devices (ready with at least one engine server answe
 
 import pytest
 
+from frontdoors.readiness import readiness_summary
 from inference.models import Provider
 from inference.pool import device_health
-from ragsite.health import readiness_summary
 from tests.inference.test_pool_selection import closed_device, engine_serving
 from tests.inference.tiny_models import tiny_model_save
 

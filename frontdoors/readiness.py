@@ -11,6 +11,7 @@ named, with the reason).
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 import redis
@@ -21,13 +22,12 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from billing import ledger
+from inference.models import Provider
+from inference.pool import device_health
+from ragsite.beat import BEAT_HEARTBEAT_KEY
 from ragsite.celery import Queue, app
-
-BEAT_HEARTBEAT_KEY = "ragsite:beat:heartbeat"
-
-
-def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+from ragsite.redis import redis_probe_client
 
 
 def _check_database() -> dict:
@@ -48,7 +48,7 @@ def _check_database() -> dict:
 def _check_redis() -> dict:
     started = time.perf_counter()
     try:
-        redis_client().ping()
+        redis_probe_client().ping()
     except redis.RedisError as exc:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     return {"ok": True, "ms": round((time.perf_counter() - started) * 1000, 1)}
@@ -74,11 +74,6 @@ def _check_queues() -> dict:
 
 def _check_pools() -> dict:
     """Each enabled GPU pool's devices: ready when its engine server answers ``/health``."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from inference.models import Provider
-    from inference.pool import device_health
-
     pools = list(Provider.objects.filter(kind=Provider.Kind.LOCAL, enabled=True).order_by("name"))
     urls = sorted({url for pool in pools for url in pool.devices})
     with ThreadPoolExecutor(max_workers=min(16, len(urls) or 1)) as probes:
@@ -98,7 +93,7 @@ def _check_pools() -> dict:
 
 def _beat_last_seen() -> str | None:
     try:
-        raw = redis_client().get(BEAT_HEARTBEAT_KEY)
+        raw = redis_probe_client().get(BEAT_HEARTBEAT_KEY)
     except redis.RedisError:
         return None
     if raw is None:
@@ -133,10 +128,8 @@ def readiness_summary() -> dict:
 
 
 def _ledger_backlog() -> dict | None:
-    from billing import ledger
-
     try:
-        return ledger.backlog(redis_client())
+        return ledger.backlog(redis_probe_client())
     except redis.RedisError:
         return None
 

@@ -173,7 +173,7 @@ def gpu_argv(concurrency: int) -> list[str]:
 def test_the_gpu_queue_gets_one_threads_worker_whatever_the_devices(settings):
     """The worker only streams from the devices' engine servers, which batch: one process of
     threads, whatever GPU_DEVICES lists, and it sees every device (no CUDA_VISIBLE_DEVICES)."""
-    from ragsite.management.commands.up import Command
+    from frontdoors.management.commands.up import Command
 
     settings.GPU_DEVICES = ["0", "3"]
     settings.GPU_WORKER_CONCURRENCY = 64
@@ -190,7 +190,7 @@ def test_the_gpu_queue_gets_one_threads_worker_whatever_the_devices(settings):
 
 
 def test_gpu_concurrency_replaced_gpu_workers():
-    from ragsite.management.commands.up import Command
+    from frontdoors.management.commands.up import Command
 
     parser = Command().create_parser("manage.py", "up")
     assert parser.parse_args(["--gpu-concurrency", "8"]).gpu_concurrency == 8
@@ -221,7 +221,7 @@ def pool_settings(settings):
 def up_command():
     import threading
 
-    from ragsite.management.commands.up import Command
+    from frontdoors.management.commands.up import Command
 
     command = Command(stdout=io.StringIO(), stderr=io.StringIO())
     command._output_lock = threading.Lock()  # set by handle(), which these tests do not run

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class FrontdoorsConfig(AppConfig):
+    name = "frontdoors"
+    verbose_name = "Front doors"

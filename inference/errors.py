@@ -1,0 +1,32 @@
+"""What routing refuses, each with what the API answers (``search/api/errors.py`` and
+``search/openai_api/errors.py`` render them)."""
+
+from __future__ import annotations
+
+
+class NoRouteConfigured(Exception):
+    """No enabled default route: the caller answers without generation (extractive)."""
+
+
+class RouteNotFound(ValueError):
+    """A request named a route that does not exist or is disabled."""
+
+    field = "route"
+
+
+class RouteUnavailable(Exception):
+    """Nothing can serve the route now (every key cooling down or disabled, on the route and
+    its fallbacks). ``retry_after_s``: when the first key comes back, if one will."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class SpeculationUnavailable(ValueError):
+    """No endpoint of the route's model serves the request's speculative options: a 400
+    naming ``field`` (speculation is fixed when an engine server starts)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
