@@ -22,13 +22,13 @@ import hmac
 import re
 import secrets
 import string
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db.models import Q
 from django.utils import timezone
 
 from billing.models import ClientKey
+from ragsite.errors import DomainError
 
 KEY_PREFIX = "rk_"
 _PREFIX_ALPHABET = string.ascii_letters + string.digits
@@ -38,14 +38,13 @@ LAST_USED_EVERY = timedelta(minutes=1)
 _DUMMY_HASH = hashlib.sha256(b"rk_00000000_" + b"0" * 43).hexdigest()
 
 
-@dataclass
-class ClientKeyError(Exception):
-    code: str
-    message: str
-    status: int = 401
+class ClientKeyError(DomainError):
+    """A key that cannot be used: 401 when missing, unknown, expired or revoked; 403 when it lacks the scope."""
 
-    def __str__(self) -> str:
-        return self.message
+    status = 401
+
+    def __init__(self, code: str, message: str, status: int = 401):
+        super().__init__(message, code=code, status=status)
 
 
 def _hash(token: str) -> str:

@@ -66,6 +66,7 @@ from redis.commands.core import Script
 
 from billing.models import BudgetAlert, ClientKey, UsageRecord
 from billing.pricing import cost_of, price_at
+from ragsite.errors import DomainError
 from ragsite.redis import redis_client
 
 logger = logging.getLogger(__name__)
@@ -87,17 +88,13 @@ ALERT_THRESHOLDS = (80, 100)
 PICO = 12  # decimal places of the amounts in Redis: 1e-12 USD
 
 
-class LimitExceeded(Exception):
+class LimitExceeded(DomainError):
     """A request refused by a key's limits. ``status``: the HTTP status the APIs answer
     (429 with ``Retry-After: retry_after_s`` when rate limited, 402 when the budget is
     spent); ``message`` names the limit and the numbers."""
 
     def __init__(self, code: str, status: int, message: str, retry_after_s: float | None = None):
-        super().__init__(message)
-        self.code = code
-        self.status = status
-        self.message = message
-        self.retry_after_s = retry_after_s
+        super().__init__(message, code=code, status=status, retry_after_s=retry_after_s)
 
 
 class ModelUnpriced(LimitExceeded):

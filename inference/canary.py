@@ -40,6 +40,7 @@ from django.utils import timezone
 from billing.models import UsageRecord
 from inference.models import CanaryEvent, CanaryRelease, Route
 from ragsite.aggregates import PercentileCont
+from ragsite.errors import DomainError
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def arm_for(route: Route, client_id: str) -> tuple[CanaryRelease | None, str]:
 # -- operator actions -------------------------------------------------------------------
 
 
-class CanaryActionRefused(ValueError):
+class CanaryActionRefused(DomainError, ValueError):
     """An action that does not apply to the release in its current state."""
 
 

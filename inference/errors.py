@@ -3,30 +3,34 @@
 
 from __future__ import annotations
 
+from ragsite.errors import DomainError
+
 
 class NoRouteConfigured(Exception):
     """No enabled default route: the caller answers without generation (extractive)."""
 
 
-class RouteNotFound(ValueError):
+class RouteNotFound(DomainError, ValueError):
     """A request named a route that does not exist or is disabled."""
 
+    code = "route_not_found"
     field = "route"
 
 
-class RouteUnavailable(Exception):
+class RouteUnavailable(DomainError):
     """Nothing can serve the route now (every key cooling down or disabled, on the route and
     its fallbacks). ``retry_after_s``: when the first key comes back, if one will."""
 
+    code = "route_unavailable"
+    status = 503
+
     def __init__(self, message: str, retry_after_s: float | None = None):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+        super().__init__(message, retry_after_s=retry_after_s)
 
 
-class SpeculationUnavailable(ValueError):
+class SpeculationUnavailable(DomainError, ValueError):
     """No endpoint of the route's model serves the request's speculative options: a 400
     naming ``field`` (speculation is fixed when an engine server starts)."""
 
     def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, field=field)

@@ -50,6 +50,7 @@ from inference import router
 from inference.errors import NoRouteConfigured, RouteNotFound, RouteUnavailable, SpeculationUnavailable
 from inference.models import Route
 from inference.streams import TERMINAL, StreamWriter, stream_aread, stream_events, stream_key, stream_read
+from ragsite.errors import DomainError
 from ragsite.redis import redis_async_client, redis_client
 from search import prompting
 from search.extractive import extractive_answer
@@ -66,12 +67,11 @@ FINALIZE_WATCH_SECONDS = 3600
 FINALIZE_WATCH_INTERVAL_S = 2.0
 
 
-class AnswerError(ValueError):
+class AnswerError(DomainError, ValueError):
     """A request that cannot be answered as asked; ``field`` names the culprit."""
 
     def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, field=field)
 
 
 # --------------------------------------------------------------------------- create

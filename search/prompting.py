@@ -47,6 +47,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from ragsite.errors import DomainError
+
 logger = logging.getLogger(__name__)
 
 # Documents are written by anyone who can upload: a model is told that their text is quoted
@@ -90,12 +92,11 @@ MAP_NOTE_MIN_TOKENS = 32
 CITATION_RANGE_MAX = 50
 
 
-class PromptTooLong(ValueError):
+class PromptTooLong(DomainError, ValueError):
     """No request can fit the provider's window (the question itself, or max_tokens, is too long)."""
 
     def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, field=field)
 
 
 # --------------------------------------------------------------------------- counting tokens

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from ragsite import metrics
+from ragsite.errors import DomainError
 from search.embedders import query_embedding
 from search.models import Collection, Workspace
 from search.query_syntax import query_parse
@@ -23,7 +24,7 @@ MODES = ("hybrid", "dense", "keyword")
 _MARK_START, _MARK_END = "\x02", "\x03"
 
 
-class SearchError(Exception):
+class SearchError(DomainError):
     """A search that cannot run as asked (unknown mode, collections of mixed models...)."""
 
 

@@ -12,6 +12,7 @@ from django.core.files.base import ContentFile
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
+from ragsite.errors import DomainError
 from ragsite.redis import redis_client
 from search.embedders import DEFAULT_EMBEDDER, embedder_get
 from search.ingest.parsers import ParseError, sniff_media_type
@@ -25,8 +26,11 @@ logger = logging.getLogger(__name__)
 SOURCE_NAME_MAX_CHARS = 255
 
 
-class DocumentRejected(Exception):
+class DocumentRejected(DomainError):
     """An upload refused before it is stored; the message says why."""
+
+    code = "document_rejected"
+    field = "files"
 
 
 class DocumentTooLarge(DocumentRejected):

@@ -2,15 +2,10 @@
 
 ``api_exception_handler`` is the exception handler of the API's DRF views (set on their base
 class, not globally, so other DRF views keep their own shapes). It renders DRF's own errors
-(401, 403, 404, 405, 406, 415, 429, validation) and the domain's exceptions:
-
-- ``billing.limits.LimitExceeded``: its ``status`` (429, or 402 when the budget is spent), with
-  ``Retry-After`` when it says when to retry;
-- ``inference.errors.RouteUnavailable``: 503 with ``Retry-After`` when a key comes back;
-- ``inference.errors.RouteNotFound``: 400, field ``route``;
-- ``search.answers.AnswerError``, ``search.selectors.SearchError``,
-  ``search.services.DocumentRejected``: 400, with the field;
-- anything else: 500 ``server_error``, logged with its traceback (the body says nothing more).
+(401, 403, 404, 405, 406, 415, 429, validation) and every refusal of the domain
+(``ragsite.errors.DomainError``: its status, code, field and ``Retry-After``); an outage of
+PostgreSQL or Redis is a 503; anything else is a 500 ``server_error``, logged with its
+traceback (the body says nothing more).
 
 401s carry ``WWW-Authenticate: Bearer realm="api"`` (RFC 6750). ``error_json`` is the same
 shape for the plain Django views (the event stream, unknown paths).
@@ -27,12 +22,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
-from billing.limits import LimitExceeded
-from inference.errors import RouteNotFound, RouteUnavailable
+from ragsite.errors import DomainError
 from ragsite.outages import RETRY_AFTER_S, log_outage, outage_message, outage_of
-from search.answers import AnswerError
-from search.selectors import SearchError
-from search.services import DocumentRejected
 
 logger = logging.getLogger(__name__)
 
@@ -104,20 +95,8 @@ def api_error_of(exc: Exception) -> ApiError | None:
     if isinstance(exc, exceptions.APIException):
         codes = exc.get_codes()
         return ApiError(exc.status_code, codes if isinstance(codes, str) else exc.default_code, str(exc.detail))
-    if isinstance(exc, LimitExceeded):
-        return ApiError(exc.status, exc.code, exc.message, retry_after_s=exc.retry_after_s)
-    if isinstance(exc, RouteUnavailable):
-        return ApiError(
-            status.HTTP_503_SERVICE_UNAVAILABLE, "route_unavailable", str(exc), retry_after_s=exc.retry_after_s
-        )
-    if isinstance(exc, RouteNotFound):
-        return ApiError(status.HTTP_400_BAD_REQUEST, "route_not_found", str(exc), field=exc.field)
-    if isinstance(exc, AnswerError):
-        return invalid(exc.field, str(exc))
-    if isinstance(exc, SearchError):
-        return invalid(None, str(exc))
-    if isinstance(exc, DocumentRejected):
-        return ApiError(status.HTTP_400_BAD_REQUEST, "document_rejected", str(exc), field="files")
+    if isinstance(exc, DomainError):
+        return ApiError(exc.status, exc.code, exc.message, field=exc.field, retry_after_s=exc.retry_after_s)
     if service := outage_of(exc):
         return ApiError(
             status.HTTP_503_SERVICE_UNAVAILABLE,

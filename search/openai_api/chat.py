@@ -32,19 +32,14 @@ from django.conf import settings
 from billing import limits
 from billing.models import ClientKey
 from inference import router
-from inference.errors import NoRouteConfigured, RouteNotFound, RouteUnavailable, SpeculationUnavailable
+from inference.errors import NoRouteConfigured, RouteNotFound
 from inference.models import Route
+from ragsite.errors import DomainError
 from search import answers, prompting
 from search.embedders import DEFAULT_EMBEDDER
 from search.models import Answer
 from search.openai_api import speculative
-from search.openai_api.errors import (
-    from_limit,
-    from_route_not_found,
-    from_route_unavailable,
-    invalid,
-    model_not_found,
-)
+from search.openai_api.errors import from_domain, invalid, model_not_found
 
 EXTRACTIVE_MODEL = "extractive"
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -218,7 +213,7 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
     except NoRouteConfigured:
         route = None
     except RouteNotFound as exc:
-        raise from_route_not_found(exc) from None
+        raise from_domain(exc) from None
     options = speculative.wanted(chat.speculative)
     if route is not None:
         speculative.check(options, route)
@@ -247,15 +242,10 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
         param = _PARAMS.get(exc.field, exc.field)
         if exc.field == "max_tokens" and chat.max_tokens is None:
             param = None  # the route's own max_tokens: not the client's doing
-        raise invalid(param, str(exc)) from None
-    except RouteNotFound as exc:
-        raise from_route_not_found(exc) from None
-    except SpeculationUnavailable as exc:  # the canary's endpoints differ from the route's
-        raise invalid(exc.field, str(exc)) from None
-    except RouteUnavailable as exc:
-        raise from_route_unavailable(exc) from None
-    except limits.LimitExceeded as exc:
-        raise from_limit(exc) from None
+        raise from_domain(exc, param=param) from None
+    # A route, speculation the canary's endpoints cannot serve, no usable key, a key's limits.
+    except DomainError as exc:
+        raise from_domain(exc) from None
     finally:
         if admission is not None:
             limits.release(admission)

@@ -33,7 +33,7 @@ from billing import ledger, limits
 from billing.models import ClientKey
 from search.embedders import DEFAULT_EMBEDDER, Embedder, EmbedderError, embedder_get
 from search.models import Collection
-from search.openai_api.errors import ApiError, from_limit, invalid, model_not_found
+from search.openai_api.errors import ApiError, from_domain, invalid, model_not_found
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def _admit(key: ClientKey, model: str, tokens: int) -> limits.Admission:
     try:
         return limits.admit(key, model=model, local=False, prompt_tokens=tokens, max_tokens=0)
     except limits.LimitExceeded as exc:
-        raise from_limit(exc) from None
+        raise from_domain(exc) from None
 
 
 def _embed(embedder: Embedder, inputs: list[str]) -> np.ndarray:

@@ -20,9 +20,8 @@ import math
 
 from django.http import JsonResponse
 
-from billing.client_keys import ClientKeyError
-from billing.limits import LimitExceeded
-from inference.errors import RouteNotFound, RouteUnavailable
+from inference.errors import RouteNotFound
+from ragsite.errors import DomainError
 
 # The error "type" per status, after OpenAI's own names where it has one.
 _TYPES = {
@@ -83,17 +82,25 @@ def invalid(param: str | None, message: str, code: str = "invalid_value") -> Api
     return ApiError(400, message, param=param, code=code)
 
 
-def from_client_key(error: ClientKeyError) -> ApiError:
-    """401 for a missing, unknown, expired or revoked key; 403 for a missing scope."""
-    return ApiError(error.status, error.message, code=error.code)
+_UNSET = object()
 
 
-def from_limit(error: LimitExceeded) -> ApiError:
-    """429 with ``Retry-After`` for a per-minute limit (or a budget held by requests in
-    flight), 402 for a spent budget or an unpriced model under a budget."""
-    retryable = False if error.status == 429 and error.retry_after_s is None else None
+def from_domain(error: DomainError, *, param=_UNSET) -> ApiError:
+    """A refusal of the domain (``ragsite.errors.DomainError``) in OpenAI's shape: its status and
+    code (a plain 400 is ``invalid_value``), ``param`` its field unless the caller names the
+    request's own, ``Retry-After`` when it says when to retry. A 429 or 503 that cannot say when
+    (no key will come back, a limit of 0 requests) tells the SDKs not to retry by themselves. A
+    route that does not exist is OpenAI's 404 ``model_not_found``: a route is a model here."""
+    if isinstance(error, RouteNotFound):
+        return ApiError(404, error.message, param="model", code="model_not_found")
+    final = error.status in (429, 503) and error.retry_after_s is None
     return ApiError(
-        error.status, error.message, code=error.code, retry_after_s=error.retry_after_s, retryable=retryable
+        error.status,
+        error.message,
+        param=error.field if param is _UNSET else param,
+        code="invalid_value" if error.code == "invalid_request" else error.code,
+        retry_after_s=error.retry_after_s,
+        retryable=False if final else None,
     )
 
 
@@ -104,22 +111,6 @@ def model_not_found(model: str, known: list[str]) -> ApiError:
         f"the model {model!r} does not exist or you do not have access to it: use one of {', '.join(known)}",
         param="model",
         code="model_not_found",
-    )
-
-
-def from_route_not_found(error: RouteNotFound) -> ApiError:
-    return ApiError(404, str(error), param="model", code="model_not_found")
-
-
-def from_route_unavailable(error: RouteUnavailable) -> ApiError:
-    """503: every key that could serve is cooling down or disabled. Without a time when one
-    comes back, retrying cannot help until an operator acts."""
-    return ApiError(
-        503,
-        str(error),
-        code="route_unavailable",
-        retry_after_s=error.retry_after_s,
-        retryable=False if error.retry_after_s is None else None,
     )
 
 

@@ -29,7 +29,7 @@ from search.embedders import DEFAULT_EMBEDDER
 from search.models import Collection
 from search.openai_api import chat as chat_api
 from search.openai_api import embeddings as embeddings_api
-from search.openai_api.errors import ApiError, from_client_key, from_generation, invalid, model_not_found
+from search.openai_api.errors import ApiError, from_domain, from_generation, invalid, model_not_found
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ async def _authenticate(request, scope: str | None) -> ClientKey:
     try:
         return await sync_to_async(client_keys.authenticate)(client_keys.bearer_token(request), scope=scope)
     except client_keys.ClientKeyError as exc:
-        raise from_client_key(exc) from None
+        raise from_domain(exc) from None
 
 
 def _body(request):

@@ -8,7 +8,7 @@ import pytest
 
 from billing.limits import LimitExceeded, ModelUnpriced
 from inference.errors import RouteUnavailable
-from search.openai_api.errors import from_generation, from_limit, from_route_unavailable, invalid
+from search.openai_api.errors import from_domain, from_generation, invalid
 
 
 def test_the_body_is_openais_error_object():
@@ -26,18 +26,18 @@ def test_the_body_is_openais_error_object():
 
 
 def test_a_rate_limit_says_when_to_come_back_and_a_limit_of_zero_says_never():
-    response = from_limit(LimitExceeded("rate_limited", 429, "1 per minute", 12.2)).response()
+    response = from_domain(LimitExceeded("rate_limited", 429, "1 per minute", 12.2)).response()
     assert (response.status_code, response["Retry-After"], response["retry-after-ms"]) == (429, "13", "12200")
-    never = from_limit(LimitExceeded("rate_limited", 429, "0 per minute", None)).response()
+    never = from_domain(LimitExceeded("rate_limited", 429, "0 per minute", None)).response()
     assert never["x-should-retry"] == "false" and "Retry-After" not in never
-    assert from_limit(LimitExceeded("budget_exhausted", 402, "spent")).status == 402
-    assert from_limit(ModelUnpriced("no price")).code == "model_unpriced"
+    assert from_domain(LimitExceeded("budget_exhausted", 402, "spent")).status == 402
+    assert from_domain(ModelUnpriced("no price")).code == "model_unpriced"
 
 
 def test_an_unavailable_route_is_a_503_retried_only_when_a_key_comes_back():
-    soon = from_route_unavailable(RouteUnavailable("cooling down", retry_after_s=3.5)).response()
+    soon = from_domain(RouteUnavailable("cooling down", retry_after_s=3.5)).response()
     assert (soon.status_code, soon["Retry-After"]) == (503, "4") and "x-should-retry" not in soon
-    assert from_route_unavailable(RouteUnavailable("all disabled")).response()["x-should-retry"] == "false"
+    assert from_domain(RouteUnavailable("all disabled")).response()["x-should-retry"] == "false"
 
 
 @pytest.mark.parametrize(
