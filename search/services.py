@@ -36,6 +36,9 @@ class DocumentRejected(DomainError):
 class DocumentTooLarge(DocumentRejected):
     """A file over ``DOCUMENT_MAX_BYTES``; the message names the limit."""
 
+    code = "document_too_large"
+    status = 413
+
 
 class StorageQuotaExceeded(DocumentRejected):
     """Storing the file would take its workspace over ``WORKSPACE_STORAGE_MAX_BYTES``."""
@@ -161,6 +164,42 @@ def document_create(
             document.file.delete(save=False)
         raise
     return document, True
+
+
+def documents_upload(
+    *, collection: Collection, files: list, title: str | None = None, metadata: dict | None = None
+) -> list[tuple[Document, bool]]:
+    """Store uploaded files (Django's ``UploadedFile``: ``name``, ``size``, ``read()``) as queued
+    documents, all or nothing; returns ``(document, created)`` per file, in order, as
+    ``document_create`` does for one.
+
+    A refused file (``DocumentRejected``, naming it: empty, over ``DOCUMENT_MAX_BYTES``, of an
+    unsupported type, over the workspace's quota) stores none: the rows are rolled back and the
+    files already written are deleted. A file's size is checked before its bytes are read into
+    memory. The ingestion tasks are queued once every document is stored (on commit).
+    """
+    if title and len(files) > 1:
+        raise DocumentRejected("A title can be given for one file only.", code="invalid_request", field="title")
+    results, written = [], []
+    try:
+        with transaction.atomic():
+            for file in files:
+                if file.size > settings.DOCUMENT_MAX_BYTES:
+                    raise DocumentTooLarge(
+                        f"{source_name_clean(file.name)} is {file.size} bytes, over the limit of "
+                        f"{settings.DOCUMENT_MAX_BYTES} bytes"
+                    )
+                document, created = document_create(
+                    collection=collection, source_name=file.name, content=file.read(), title=title, metadata=metadata
+                )
+                results.append((document, created))
+                if created:
+                    written.append(document.file)
+    except BaseException:
+        for stored in written:
+            stored.delete(save=False)
+        raise
+    return results
 
 
 def workspace_storage_used(workspace_id: int) -> int:

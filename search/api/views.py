@@ -13,8 +13,6 @@ import re
 import time
 from datetime import UTC, datetime
 
-from django.conf import settings
-from django.db import transaction
 from django.db.models import Count, Q, Sum
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -36,7 +34,7 @@ from search.api.schema import error_responses
 from search.api.throttling import ApiRateThrottle
 from search.models import Answer, Collection, Document
 from search.selectors import SearchError, chunk_search
-from search.services import collection_create, document_create, document_delete, document_retry
+from search.services import collection_create, document_delete, document_retry, documents_upload
 
 FINISHED = (Answer.Status.DONE, Answer.Status.FAILED)
 
@@ -163,11 +161,6 @@ class CollectionDetailView(ApiView):
 # --------------------------------------------------------------------------- documents
 
 
-def _display_name(name: str) -> str:
-    """The uploaded file's name as shown (never a path: see services._storage_name), printable only."""
-    return "".join(ch for ch in name if ch.isprintable())[:500] or "upload"
-
-
 class DocumentListView(ApiView):
     scopes = {"GET": Scope.DOCUMENTS, "POST": Scope.DOCUMENTS}
     serializer_class = api.DocumentSerializer
@@ -221,36 +214,12 @@ class DocumentListView(ApiView):
         collection = Collection.objects.filter(workspace=self.workspace, pk=data["collection"]).first()
         if collection is None:
             raise invalid("collection", f"No collection {data['collection']} in this workspace.")
-        if data.get("title") and len(data["files"]) > 1:
-            raise invalid("title", "A title can be given for one file only.")
-        results, created_files = [], []
-        try:
-            # One transaction: the ingestion tasks are queued once every document is stored.
-            with transaction.atomic():
-                for file in data["files"]:
-                    name = _display_name(file.name)
-                    if file.size > settings.DOCUMENT_MAX_BYTES:  # refused before it is read into memory
-                        raise ApiError(
-                            status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
-                            "document_too_large",
-                            f"{name} is {file.size} bytes, over the limit of {settings.DOCUMENT_MAX_BYTES} bytes",
-                            field="files",
-                        )
-                    document, created = document_create(
-                        collection=collection,
-                        source_name=name,
-                        content=file.read(),
-                        title=data.get("title"),
-                        metadata=data.get("metadata"),
-                    )
-                    document.created = created
-                    results.append(document)
-                    if created:
-                        created_files.append(document.file)
-        except Exception:  # the rows are rolled back: their files, already written, go too
-            for stored in created_files:
-                stored.delete(save=False)
-            raise
+        results = []
+        for document, created in documents_upload(
+            collection=collection, files=data["files"], title=data.get("title"), metadata=data.get("metadata")
+        ):
+            document.created = created
+            results.append(document)
         body = api.UploadResultSerializer({"documents": results}, context=self.get_serializer_context()).data
         any_created = any(document.created for document in results)
         return Response(body, status=status.HTTP_201_CREATED if any_created else status.HTTP_200_OK)

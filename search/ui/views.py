@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import redis
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Count
@@ -31,7 +30,7 @@ from inference.errors import RouteUnavailable
 from search.answers import AnswerError, answer_create, answer_stream_aread
 from search.models import Answer, Chunk, Document
 from search.selectors import SearchError, chunk_search
-from search.services import DocumentRejected, document_create, document_delete, document_retry
+from search.services import DocumentRejected, document_delete, document_retry, documents_upload, source_name_clean
 from search.ui.forms import MODE_CHOICES, SearchForm, UploadForm
 from search.ui.rendering import answer_html, passage_context, sources_by_number
 from search.ui.workspaces import member_required, workspace_choose
@@ -269,31 +268,32 @@ class UploadOutcome:
     message: str
 
 
-def _upload_one(collection, uploaded) -> UploadOutcome:
-    name = uploaded.name
-    if uploaded.size > settings.DOCUMENT_MAX_BYTES:  # refused before its bytes are read into memory
-        limit = settings.DOCUMENT_MAX_BYTES
-        return UploadOutcome("rejected", f"{name} is {uploaded.size} bytes, over the limit of {limit} bytes")
+def _upload(collection, files) -> list[UploadOutcome]:
+    """What became of each file (``documents_upload``: all or nothing, as in the API)."""
     try:
-        document, created = document_create(collection=collection, source_name=name, content=uploaded.read())
+        stored = documents_upload(collection=collection, files=files)
     except DocumentRejected as exc:
-        return UploadOutcome("rejected", str(exc))
-    if created:
-        return UploadOutcome("added", f"{name}: queued for indexing in {collection.name}.")
-    return UploadOutcome("duplicate", f"{name}: already in {collection.name} as “{document.title}”.")
+        return [UploadOutcome("rejected", f"{exc} Nothing was stored: remove or fix that file and upload again.")]
+    names = [source_name_clean(file.name) for file in files]
+    return [
+        UploadOutcome("added", f"{name}: queued for indexing in {collection.name}.")
+        if created
+        else UploadOutcome("duplicate", f"{name}: already in {collection.name} as “{document.title}”.")
+        for name, (document, created) in zip(names, stored, strict=True)
+    ]
 
 
 @require_POST
 @member_required
 def upload(request):
-    """Store each file as a document (``document_create``, ingestion queued)."""
+    """Store the files as documents, ingestion queued (``documents_upload``: all or nothing)."""
     form = UploadForm(request.POST, request.FILES, workspace=request.workspace)
     if not form.is_valid():
         if request.htmx:
             return render(request, "search/_upload_report.html", {"refused": _form_errors(form)}, status=422)
         messages.error(request, _form_errors(form))
         return redirect("ui:documents")
-    outcomes = [_upload_one(form.cleaned_data["collection"], uploaded) for uploaded in form.cleaned_data["files"]]
+    outcomes = _upload(form.cleaned_data["collection"], form.cleaned_data["files"])
     if request.htmx:
         added = sum(outcome.kind == "added" for outcome in outcomes)
         context = {"outcomes": outcomes, **_document_list(request, note=f"{added} of {len(outcomes)} files added.")}

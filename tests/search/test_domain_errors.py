@@ -46,8 +46,8 @@ CASES = [
     (SearchError("mixed models"), (400, "invalid_request", None, None), (400, "invalid_value", None, None)),
     (DocumentRejected("empty file"), (400, "document_rejected", "files", None),
      (400, "document_rejected", "files", None)),
-    (DocumentTooLarge("over 1 MB"), (400, "document_rejected", "files", None),
-     (400, "document_rejected", "files", None)),
+    (DocumentTooLarge("over 1 MB"), (413, "document_too_large", "files", None),
+     (413, "document_too_large", "files", None)),
     (StorageQuotaExceeded("over quota"), (400, "document_rejected", "files", None),
      (400, "document_rejected", "files", None)),
 ]  # fmt: skip

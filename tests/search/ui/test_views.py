@@ -243,17 +243,30 @@ def test_a_passage_is_shown_highlighted_in_the_text_around_it(client, tenants):
 
 def test_uploading_several_files_reports_each_and_lists_them_in_progress(client, tenants):
     client.force_login(tenants.ann)
-    files = [
-        SimpleUploadedFile("notes.md", b"# Notes\n\nReceipts are due within 30 days."),
-        SimpleUploadedFile("wing.md", ACME_DOCUMENTS["wing.md"].encode()),  # the same bytes as an indexed document
-        SimpleUploadedFile("empty.txt", b""),
-    ]
-    response = client.post(reverse("ui:upload"), {"collection": tenants.handbook.pk, "files": files}, **HTMX)
+
+    def files(*extra):
+        return [
+            SimpleUploadedFile("notes.md", b"# Notes\n\nReceipts are due within 30 days."),
+            SimpleUploadedFile("wing.md", ACME_DOCUMENTS["wing.md"].encode()),  # the same bytes as an indexed document
+            *extra,
+        ]
+
+    # All or nothing, as in the API: one refused file stores none, and the report names it.
+    refused = client.post(
+        reverse("ui:upload"),
+        {"collection": tenants.handbook.pk, "files": files(SimpleUploadedFile("empty.txt", b""))},
+        **HTMX,
+    )
+    report = refused.content.decode()
+    assert refused.status_code == 422
+    assert "empty.txt: the file is empty" in report and "Nothing was stored" in report
+    assert not Document.objects.filter(source_name="notes.md").exists()
+
+    response = client.post(reverse("ui:upload"), {"collection": tenants.handbook.pk, "files": files()}, **HTMX)
     report = response.content.decode()
     assert response.status_code == 200
     assert "notes.md: queued for indexing in Handbook." in report
     assert "wing.md: already in Handbook as “Wing aerodynamics”." in report
-    assert "empty.txt: the file is empty" in report
     # The documents table comes along out of band, polling while a document is queued.
     assert 'id="document-list"' in report and 'hx-swap-oob="true"' in report and 'hx-trigger="every 1s"' in report
     notes = Document.objects.get(source_name="notes.md")
