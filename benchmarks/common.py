@@ -6,7 +6,13 @@ import contextlib
 import json
 import os
 import platform
+import signal
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -96,8 +102,89 @@ def machine() -> dict:
 
 
 def report(name: str, result: dict) -> None:
-    """Write benchmarks/results/NAME.json and print the final JSON line."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    """Write benchmarks/results/NAME.json (``BENCHMARK_RESULTS_DIR``, for the suite's smoke runs,
+    writes elsewhere: their tiny figures never replace the published ones) and print the final JSON line."""
+    folder = Path(os.environ.get("BENCHMARK_RESULTS_DIR") or RESULTS)
+    folder.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, **result, "machine": machine()}
-    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (folder / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     print(json.dumps(payload), flush=True)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Process:
+    """A child process in a session of its own (stopped with its children), its output in a log."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], folder: Path):
+        self.name = name
+        self.log_path = folder / f"{name}.log"
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def system_start(
+    folder: Path, *, workers: dict[str, list[str]], env: dict | None = None, web_env: dict | None = None
+) -> tuple[str, list[Process]]:
+    """The web process (uvicorn, ASGI, on a free loopback port) and Celery workers (name -> their
+    ``-Q``/pool arguments), as ``manage.py up`` runs them, on this process's database and Redis;
+    returns the base URL and the processes once ``/healthz`` answers and every worker answers a
+    ping. The caller stops them (``Process.stop``)."""
+    from ragsite.celery import app
+
+    python, port = sys.executable, free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RAGSITE_ENV="development", **(env or {}))
+    run_id = uuid.uuid4().hex[:8]
+    web = [python, "-m", "uvicorn", "ragsite.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+           "--lifespan", "off", "--timeout-graceful-shutdown", "10", "--no-access-log"]  # fmt: skip
+    worker = [python, "-m", "celery", "-A", "ragsite", "worker", "--loglevel", "WARNING",
+              "--without-gossip", "--without-mingle"]  # fmt: skip
+    processes = [Process("web", web, dict(env, **(web_env or {})), folder)]
+    names = [f"{name}-{run_id}@localhost" for name in workers]
+    for (name, arguments), node in zip(workers.items(), names, strict=True):
+        processes.append(Process(name, [*worker, *arguments, "-n", node], env, folder))
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            dead = [process for process in processes if not process.alive()]
+            if dead or time.monotonic() > deadline:
+                culprit = dead[0] if dead else processes[0]
+                raise SystemExit(f"{culprit.name} did not start:\n{culprit.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{base_url}/healthz", timeout=2) as response:  # noqa: S310 (http, loopback)
+                    healthy = response.status == 200
+            except OSError:
+                healthy = False
+            answered = {name for reply in (app.control.ping(destination=names, timeout=0.5) or []) for name in reply}
+            if healthy and answered == set(names):
+                return base_url, processes
+            time.sleep(0.2)
+    except BaseException:
+        for process in processes:
+            process.stop()
+        raise

@@ -133,7 +133,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -144,7 +143,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import CRANFIELD, ROOT, machine, own_databases, report
+from benchmarks.common import CRANFIELD, ROOT, free_port, machine, own_databases, report
 
 DATABASE = "ragsite_bench_gpu_pool"
 REDIS_DB = 12
@@ -288,12 +287,6 @@ class Prompts:
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class LogFile:

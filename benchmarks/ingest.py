@@ -1,6 +1,6 @@
 """Ingestion throughput: the whole pipeline against the embedder alone, on the same texts.
 
-    python -m benchmarks.ingest [--corpus DIR] [--docs N]
+    python -m benchmarks.ingest [--corpus DIR] [--docs N] [--rounds 2] [--keep]
 
 Each text is first stored as an uploaded document (the upload's share, timed apart as
 ``upload_store_seconds``). The pipeline run is then what the ingest queue does with stored
@@ -12,7 +12,8 @@ embed-only chunks/s: the share of the pipeline's time that is embedding.
 After an untimed warm-up pass over the same texts (it loads the model and prepares the
 kernels for every input shape, for both sides), embed-only runs and pipeline runs
 alternate (``--rounds`` pipeline runs, each between two embed-only runs); each side's
-times are averaged.
+times are averaged. A database of its own (``ragsite_bench_ingest``, dropped after unless
+``--keep``) and Redis database 11, emptied first.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ import argparse
 import time
 import uuid
 
-from benchmarks.common import CRANFIELD, ROOT, django_setup, report
+from benchmarks.common import CRANFIELD, ROOT, own_databases, report
+
+DATABASE = "ragsite_bench_ingest"
+REDIS_DB = 11
 
 
 def main() -> None:
@@ -29,16 +33,21 @@ def main() -> None:
     parser.add_argument("--corpus", default=str(CRANFIELD), help="A BEIR-layout folder (default: Cranfield).")
     parser.add_argument("--docs", type=int, default=600, help="How many documents of the corpus to use.")
     parser.add_argument("--rounds", type=int, default=2, help="Pipeline runs, alternated with embed-only runs.")
+    parser.add_argument("--keep", action="store_true", help=f"Keep the {DATABASE} database afterwards.")
     args = parser.parse_args()
-    django_setup()
+    with own_databases(DATABASE, REDIS_DB, keep=args.keep):
+        result = run(args)
+    report("ingest", result)
 
+
+def run(args) -> dict:
     from pathlib import Path
 
     from django.db import transaction
 
+    from search import bulk_load as bulk
     from search.beir import corpus_read, is_beir_dir
     from search.embedders import DEFAULT_EMBEDDER, embedder_get
-    from search.ingest import bulk
     from search.ingest.parsers import parse_document
     from search.ingest.pipeline import EMBED_GROUP, document_chunks, embedding_input
     from search.models import Chunk, Document, Workspace
@@ -122,21 +131,18 @@ def main() -> None:
 
     pipeline_rate = len(chunks) / pipeline_seconds
     embed_rate = len(chunks) / embed_seconds
-    report(
-        "ingest",
-        {
-            "documents": len(texts),
-            "rounds": args.rounds,
-            "failed": failed,
-            "chunks": len(chunks),
-            "upload_store_seconds": round(store_seconds, 2),
-            "pipeline_seconds": round(pipeline_seconds, 2),
-            "embed_only_seconds": round(embed_seconds, 2),
-            "pipeline_chunks_per_s": round(pipeline_rate, 2),
-            "embed_only_chunks_per_s": round(embed_rate, 2),
-            "ratio": round(pipeline_rate / embed_rate, 3),
-        },
-    )
+    return {
+        "documents": len(texts),
+        "rounds": args.rounds,
+        "failed": failed,
+        "chunks": len(chunks),
+        "upload_store_seconds": round(store_seconds, 2),
+        "pipeline_seconds": round(pipeline_seconds, 2),
+        "embed_only_seconds": round(embed_seconds, 2),
+        "pipeline_chunks_per_s": round(pipeline_rate, 2),
+        "embed_only_chunks_per_s": round(embed_rate, 2),
+        "ratio": round(pipeline_rate / embed_rate, 3),
+    }
 
 
 if __name__ == "__main__":

@@ -57,8 +57,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -70,7 +68,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from benchmarks.common import CRANFIELD, ROOT, own_databases, report
+from benchmarks.common import CRANFIELD, ROOT, Process, own_databases, report, system_start
 
 DATABASE = "ragsite_bench_load"
 REDIS_DB = 13
@@ -160,83 +158,23 @@ def corpus_setup(args, upstream: str) -> tuple[list[str], list[str]]:
     return tokens, queries
 
 
-class Process:
-    def __init__(self, name: str, command: list[str], env: dict[str, str], folder: Path):
-        self.name = name
-        self.log_path = folder / f"{name}.log"
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self) -> None:
-        if self.alive():
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def start_system(args, folder: Path) -> tuple[str, list[Process]]:
     """The web process and the workers, as ``manage.py up`` runs them; returns the base URL once
     /healthz answers and both workers answer a ping."""
-    from ragsite.celery import app
-
-    python, port = sys.executable, free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", RAGSITE_ENV="development")
+    env = {}
     if args.web_max_in_flight is not None:
         env["WEB_MAX_IN_FLIGHT"] = str(args.web_max_in_flight)
     if args.queue_max is not None:
         env["GENERATION_QUEUE_MAX"] = str(args.queue_max)
-    web_env = dict(env, DATABASE_POOL=args.database_pool)
-    run_id = uuid.uuid4().hex[:8]
-    worker = [python, "-m", "celery", "-A", "ragsite", "worker", "--loglevel", "WARNING",
-              "--without-gossip", "--without-mingle"]  # fmt: skip
-    processes = [
-        Process("web", [python, "-m", "uvicorn", "ragsite.asgi:application", "--host", "127.0.0.1", "--port",
-                        str(port), "--lifespan", "off", "--timeout-graceful-shutdown", "10", "--no-access-log"],
-                web_env, folder),
-        Process("ingest", [*worker, "-Q", "ingest,default", "-n", f"ingest-{run_id}@localhost", "-c", "2"],
-                env, folder),
-        Process("remote", [*worker, "-Q", QUEUE, "-n", f"remote-{run_id}@localhost", "--pool", "threads",
-                           "-c", str(args.remote_concurrency)], env, folder),
-    ]  # fmt: skip
-    base_url = f"http://127.0.0.1:{port}"
-    names = [f"ingest-{run_id}@localhost", f"remote-{run_id}@localhost"]
-    deadline = time.monotonic() + 120
-    try:
-        while True:
-            dead = [process for process in processes if not process.alive()]
-            if dead or time.monotonic() > deadline:
-                culprit = dead[0] if dead else processes[0]
-                raise SystemExit(f"{culprit.name} did not start:\n{culprit.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{base_url}/healthz", timeout=2) as response:  # noqa: S310 (http, loopback)
-                    healthy = response.status == 200
-            except OSError:
-                healthy = False
-            answered = {name for reply in (app.control.ping(destination=names, timeout=0.5) or []) for name in reply}
-            if healthy and answered == set(names):
-                return base_url, processes
-            time.sleep(0.2)
-    except BaseException:
-        for process in processes:
-            process.stop()
-        raise
+    return system_start(
+        folder,
+        env=env,
+        web_env={"DATABASE_POOL": args.database_pool},
+        workers={
+            "ingest": ["-Q", "ingest,default", "-c", "2"],
+            QUEUE: ["-Q", QUEUE, "--pool", "threads", "-c", str(args.remote_concurrency)],
+        },
+    )
 
 
 def post(url: str, token: str, body: dict, timeout: float = 120) -> tuple[int, dict]:

@@ -49,7 +49,9 @@ def build_tokenizer(vocab_size: int):
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
-def build_pair(scale: float, vocab_size: int, *, draft_layers: int = 4, seed: int = 0):
+def build_pair(
+    scale: float, vocab_size: int, *, draft_layers: int = 4, target_layers: int = 24, width: int = 1024, seed: int = 0
+):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -57,18 +59,18 @@ def build_pair(scale: float, vocab_size: int, *, draft_layers: int = 4, seed: in
     def config(layers: int) -> LlamaConfig:
         return LlamaConfig(
             vocab_size=vocab_size,
-            hidden_size=1024,
-            intermediate_size=2816,
+            hidden_size=width,
+            intermediate_size=width * 11 // 4,
             num_hidden_layers=layers,
-            num_attention_heads=16,
-            num_key_value_heads=16,
+            num_attention_heads=max(1, width // 64),
+            num_key_value_heads=max(1, width // 64),
             max_position_embeddings=2048,
             bos_token_id=1,
             eos_token_id=2,
             tie_word_embeddings=False,
         )
 
-    target = LlamaForCausalLM(config(24))
+    target = LlamaForCausalLM(config(target_layers))
     draft = LlamaForCausalLM(config(draft_layers))
     with torch.no_grad():
         target.lm_head.weight.mul_(8.0)  # confident logits, as trained models have
@@ -114,8 +116,9 @@ def timed(function, repeat: int) -> float:
     return statistics.median(samples)
 
 
-def step_costs(target, draft, prompt: list[int], k: int) -> tuple[float, float]:
-    """c = draft step / target step and v = target pass over k+1 tokens / over 1, with a KV cache."""
+def step_costs(target, draft, prompt: list[int], k: int) -> tuple[float, dict[int, float]]:
+    """c = draft step / target step, and v[L] = target pass over L tokens / over 1 for L = 1..k+1
+    (the tokens a verification pass takes: the pending token and up to k proposed), with a KV cache."""
     from transformers import DynamicCache
 
     def prefilled(model):
@@ -135,9 +138,11 @@ def step_costs(target, draft, prompt: list[int], k: int) -> tuple[float, float]:
         step(target, target_cache, [5])
         step(draft, draft_cache, [5])
     one = timed(lambda: step(target, target_cache, [5]), 15)
-    many = timed(lambda: step(target, target_cache, [5] * (k + 1)), 15)
     small = timed(lambda: step(draft, draft_cache, [5]), 15)
-    return small / one, many / one
+    v = {1: 1.0}
+    for length in range(2, k + 2):
+        v[length] = timed(lambda length=length: step(target, target_cache, [5] * length), 15) / one
+    return small / one, v
 
 
 def _alpha_for(tokens_per_pass: float, k: int) -> float:
@@ -155,7 +160,7 @@ def _alpha_for(tokens_per_pass: float, k: int) -> float:
     return (low + high) / 2
 
 
-def _summarise_ours(stats: list, k: int, c: float, v: float) -> dict:
+def _summarise_ours(stats: list, k: int, c: float, v: dict[int, float]) -> dict:
     """Acceptance and the papers' predicted speedup for one method, from its engine stats."""
     decode_tokens = sum(st.completion_tokens - st.prefill_round_tokens for st in stats)
     decode_passes = sum(st.target_passes - 1 for st in stats)
@@ -168,9 +173,15 @@ def _summarise_ours(stats: list, k: int, c: float, v: float) -> dict:
     # pass yields; the alpha that gives the measured tokens per pass in the papers' formula,
     # (1 - a^(k+1)) / (1 - a), is the one to predict speed with.
     alpha = _alpha_for(tokens_per_pass, k)
-    # The papers' k*c + v, with the draft steps actually taken (0 for n-grams, which cost no
-    # model pass; fewer than k for "both", which drafts only where no n-gram matches).
-    cost_per_pass = draft_steps_per_pass * c + v
+    # The papers' k*c + v, with what each pass actually cost: the draft steps taken (0 for
+    # n-grams, which cost no model pass; fewer than k for "both", which drafts only where no
+    # n-gram matches) and the verification of the tokens each pass took, v[L] weighted by the
+    # passes of each length (a pass where no n-gram matched verifies one token, at v[1] = 1).
+    lengths = collections.Counter()
+    for st in stats:
+        lengths.update(st.passes_by_verified_tokens)
+    verification = sum(v[length] * passes for length, passes in lengths.items()) / sum(lengths.values())
+    cost_per_pass = draft_steps_per_pass * c + verification
     theoretical = (1 - alpha ** (k + 1)) / ((1 - alpha) * cost_per_pass)
     return {
         "alpha": round(alpha, 4),
@@ -179,7 +190,9 @@ def _summarise_ours(stats: list, k: int, c: float, v: float) -> dict:
         "k": k,
         "c": round(c, 4),
         "draft_steps_per_pass": round(draft_steps_per_pass, 3),
-        "v": round(v, 4),
+        "v_by_verified_tokens": {str(length): round(cost, 4) for length, cost in v.items()},
+        "passes_by_verified_tokens": {str(length): lengths[length] for length in sorted(lengths)},
+        "verification_cost_per_pass": round(verification, 4),
         "theoretical_speedup": round(theoretical, 3),
         "target_passes": sum(st.target_passes for st in stats),
     }
@@ -189,6 +202,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", type=float, default=0.03)
     parser.add_argument("--draft-layers", type=int, default=4)
+    parser.add_argument("--target-layers", type=int, default=24, help="Smaller for a smoke run only.")
+    parser.add_argument("--width", type=int, default=1024, help="Smaller for a smoke run only.")
     parser.add_argument("--tokens", type=int, default=160)
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--k", type=int, default=4)
@@ -200,7 +215,9 @@ def main() -> None:
 
     vocab_size = 8192
     tokenizer = build_tokenizer(vocab_size)
-    target, draft = build_pair(args.scale, vocab_size, draft_layers=args.draft_layers)
+    target, draft = build_pair(
+        args.scale, vocab_size, draft_layers=args.draft_layers, target_layers=args.target_layers, width=args.width
+    )
     prompts = rag_prompts(tokenizer, args.prompts)
 
     def ours(method: str):
@@ -268,7 +285,7 @@ def main() -> None:
             if stats is not None:
                 stats_of[name].extend(stats)
     c = statistics.median(cost[0] for cost in costs)
-    v = statistics.median(cost[1] for cost in costs)
+    v = {length: statistics.median(cost[1][length] for cost in costs) for length in costs[0][1]}
 
     reference = outputs_of["plain_greedy"]
     results: dict[str, dict] = {}
@@ -313,9 +330,9 @@ def main() -> None:
         "specdec",
         {
             "pair": {
-                "target_layers": 24,
+                "target_layers": args.target_layers,
                 "draft_layers": args.draft_layers,
-                "width": 1024,
+                "width": args.width,
                 "vocab": vocab_size,
                 "scale": args.scale,
                 "dtype": "bfloat16",

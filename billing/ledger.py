@@ -25,7 +25,7 @@ counts twice. A row PostgreSQL refuses (a violated constraint: a bug) is moved t
 ``ledger:rejected`` with the reason, and logged; the rest of its batch is stored.
 
 Why not an INSERT on the request path: it cost 1.1-1.6 ms of the router's 2 ms budget
-(``benchmarks/router_overhead.py``), on every request, for a row nobody reads for seconds.
+(``benchmarks/worker_routing_cost.py``), on every request, for a row nobody reads for seconds.
 Durability: the outbox is as durable as the Celery queue in the same Redis (append-only
 file, fsync every second; docs/operations.md).
 """

@@ -1,7 +1,7 @@
 """Model instances from hand-written SQL, for the statements every routed request runs.
 
 On that path, compiling an ORM query costs several times its round trip to PostgreSQL
-(measured in ``benchmarks/router_overhead.py``), and one statement can do the work of
+(measured in ``benchmarks/worker_routing_cost.py``), and one statement can do the work of
 several ORM calls (a route with its provider, its live canary release and a key). ``Rows``
 lists the columns of several models for a SELECT and turns a result row back into
 instances the way the ORM does (``Model.from_db`` and each field's ``from_db_value``).

@@ -69,6 +69,9 @@ class GenerationStats:
     draft_passes: int = 0
     # Accepted proposals by position in the proposal (vLLM's "accepted tokens per position").
     accepted_per_position: list[int] = field(default_factory=list)
+    # Decoding passes (after the first, which takes the prompt) by the tokens the target
+    # verified in them: the pending token and the proposal. A pass's cost grows with it.
+    passes_by_verified_tokens: dict[int, int] = field(default_factory=dict)
     time_to_first_token_ms: float = 0.0
     # Until the prompt has been through the target (the first target pass, with the draft's
     # own prompt pass before it); what follows is decoding, the part speculation speeds up.
@@ -265,6 +268,9 @@ def generate(
                 next_token = choices[len(proposal)]
             else:
                 next_token = sample(temperature_probs(logits[len(proposal)]), generator)
+        if stats.target_passes > 1:
+            verified = len(proposal) + 1
+            stats.passes_by_verified_tokens[verified] = stats.passes_by_verified_tokens.get(verified, 0) + 1
         stats.draft_tokens_proposed += len(proposal)
         stats.draft_tokens_accepted += accepted
         stats.drafts += 1 if proposal else 0

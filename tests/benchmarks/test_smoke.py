@@ -1,0 +1,78 @@
+"""Every benchmark runs at a tiny size, as its user would run it (``python -m benchmarks.NAME``),
+so that a change that breaks one fails here rather than when someone next measures.
+
+Each runs in a process of its own against this session's PostgreSQL and Redis (a database of
+its own, dropped after), writes its result file into a temporary folder
+(``BENCHMARK_RESULTS_DIR``: the published figures are never replaced) and must end with a JSON
+line naming it and holding its headline fields. The figures of a tiny run mean nothing and
+are not checked, only that they are there and of the right kind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+
+# name -> (tiny arguments, the fields its final line must hold)
+BENCHMARKS = {
+    "ingest": (["--docs", "4", "--rounds", "1"], ["pipeline_chunks_per_s", "embed_only_chunks_per_s", "ratio"]),
+    "search_scale": (["--n", "400", "--queries", "4", "--passages", "60"], ["recall@10", "hybrid_p50_ms"]),
+    "cost_dashboard": (["--rows", "3000", "--runs", "1"], ["rows", "summary_ms", "comparison_ms"]),
+    "worker_routing_cost": (
+        ["--requests", "4", "--warmup", "2", "--breakdown", "4"],
+        ["direct_kept_p50_ms", "routed_p50_ms", "routing_cost_p50_ms", "routing_cost_p99_ms"],
+    ),
+    "gateway_overhead": (
+        ["--requests", "4", "--warmup", "2"],
+        [
+            "direct_ttft_p50_ms",
+            "gateway_ttft_p50_ms",
+            "overhead_ttft_p50_ms",
+            "overhead_ttft_p99_ms",
+            "direct_total_p50_ms",
+            "gateway_total_p50_ms",
+            "breakdown_p50_ms",
+        ],
+    ),
+    "load": (
+        "--levels 1 --level-seconds 2 --settle-seconds 0.5 --docs 4 --keys 2 --queries 3".split(),
+        ["scenarios", "peak_ok_rps"],
+    ),
+    "specdec": (
+        "--target-layers 2 --draft-layers 1 --width 64 --tokens 8 --prompts 1 --rounds 1".split(),
+        ["methods"],
+    ),
+    # The in-house engine behind the OpenAI protocol through the real gpu queue; vLLM's own
+    # servers are exercised by tests/inference/test_vllm_pool.py.
+    "gpu_pool": (["--quick", "--configs", "inhouse", "--levels", "1"], ["configurations", "levels"]),
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_the_benchmark_runs_at_a_tiny_size(name, tmp_path):
+    arguments, fields = BENCHMARKS[name]
+    env = dict(os.environ, BENCHMARK_RESULTS_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    run = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", *arguments],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    final = json.loads(run.stdout.strip().splitlines()[-1])
+    assert final["benchmark"] == name
+    missing = [field for field in fields if field not in final]
+    assert missing == [], f"{name}'s final line lacks {missing}: {sorted(final)}"
+    for field in fields:
+        assert final[field] not in (None, "", [], {}), f"{name}: {field} is empty"
+    if name != "gpu_pool":  # --quick prints its line without writing a result file
+        assert json.loads((tmp_path / f"{name}.json").read_text()) == final
