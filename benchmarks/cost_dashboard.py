@@ -44,7 +44,7 @@ Ledger writes and generation (``write_*``): what a generation's ledger row costs
 request's path, where it is only queued: the stream's terminal event written with the row
 in the same ``MULTI``/``EXEC`` (``write_p50_ms``) against the terminal event alone
 (``terminal_only_p50_ms``), interleaved, 300 each; then, off the path, storing that one
-row (``billing.ledger.drain``: priced, inserted, rolled up; ``store_one_p50_ms``). Redis
+row (``billing.ledger.usage_records_store``: priced, inserted, rolled up; ``store_one_p50_ms``). Redis
 is the project's server, database number ``REDIS_DB`` (emptied first).
 """
 
@@ -362,7 +362,7 @@ def ledger_writes(columns: dict[str, list], requests: int = 300) -> dict:
         writer.close()
         if side == "with_row":
             store_started = time.perf_counter()
-            ledger.drain()
+            ledger.usage_records_store()
             store_ms = (time.perf_counter() - store_started) * 1000
         if number >= 2:
             spent[side].append(elapsed)
@@ -403,7 +403,7 @@ def run(args) -> dict:
 
     first_month = dashboard.month_floor((now - timedelta(days=DAYS)).date())
     current_month = dashboard.month_floor(now.date())
-    summary_ms, summary = timed(lambda: dashboard.monthly_summary(first_month, current_month, now=now), args.runs)
+    summary_ms, summary = timed(lambda: dashboard.usage_summary(first_month, current_month, now=now), args.runs)
     from_ledger_ms, ledger_rows = timed(
         lambda: summary_from_ledger(first_month, dashboard.next_month(current_month)), args.runs
     )
@@ -433,7 +433,7 @@ def run(args) -> dict:
             return list(dashboard.comparison_queryset(live_id, live_start, live_end))
 
     default_mem_ms, _ = timed(default_work_mem, args.runs)
-    charts_ms, _ = timed(lambda: dashboard.daily_series(now.date() - timedelta(days=29), now.date()), args.runs)
+    charts_ms, _ = timed(lambda: dashboard.usage_daily_series(now.date() - timedelta(days=29), now.date()), args.runs)
     drain = drain_batches(columns, 30)
     writes = ledger_writes(columns)
     if args.explain:

@@ -97,7 +97,7 @@ def run(args, upstream: str, folder: Path) -> dict:
     key.set_secret(secret)
     key.save()
     route = Route.objects.create(name="bench", provider=provider, is_default=True, max_tokens=64, temperature=0.0)
-    token = client_keys.create(workspace, "gateway", scopes=["generate"])[1]
+    token = client_keys.client_key_create(workspace, "gateway", scopes=["generate"])[1]
     reply = " ".join(WORDS[: args.tokens])
 
     direct_client = openai.OpenAI(base_url=upstream, api_key=secret, max_retries=0)

@@ -152,7 +152,10 @@ def corpus_setup(args, upstream: str) -> tuple[list[str], list[str]]:
         key.set_secret(f"sk-load-{label}-{uuid.uuid4().hex}")
         key.save()
     Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=args.max_tokens)
-    tokens = [client_keys.create(workspace, f"load {n}", scopes=["search", "generate"])[1] for n in range(args.keys)]
+    tokens = [
+        client_keys.client_key_create(workspace, f"load {n}", scopes=["search", "generate"])[1]
+        for n in range(args.keys)
+    ]
     with open(CRANFIELD / "queries.jsonl") as handle:
         queries = [json.loads(line)["text"] for line in handle if line.strip()][: args.queries]
     return tokens, queries

@@ -40,7 +40,7 @@ written to the request's Redis stream, then the ``stats`` event with the ledger 
 in the same ``MULTI``/``EXEC`` (``billing.ledger``). Every routed request is checked to
 have streamed the same text.
 
-Ledger. After each routed request, outside its timing, ``billing.ledger.drain`` stores the
+Ledger. After each routed request, outside its timing, ``billing.ledger.usage_records_store`` stores the
 queued row (and the key's success) in PostgreSQL, as ``generate_routed`` does once its
 request has ended: ``ledger_store_p50_ms`` is that work, off the request's path. At the
 end, every request must have exactly one stored row.
@@ -178,7 +178,7 @@ def run(args, base_url: str) -> dict:
             raise SystemExit(f"a routed request failed: {outcome['error']}")
         arms[plan.arm] += 1
         drain_started = time.perf_counter()
-        if ledger.drain() != 1:
+        if ledger.usage_records_store() != 1:
             raise SystemExit(f"the ledger row of {plan.request_id} was not stored by the drain after it")
         stored_ms.append((time.perf_counter() - drain_started) * 1000)
         return elapsed, outcome["text"]
@@ -237,7 +237,7 @@ def run(args, base_url: str) -> dict:
         "routing_cost_vs_new_connection_p50_ms": round(statistics.median(differences), 3),
         "routing_cost_vs_new_connection_p99_ms": round(percentile(differences, 99), 3),
         "connections": connections,
-        # Storing the queued ledger row, after the request (billing.ledger.drain).
+        # Storing the queued ledger row, after the request (billing.ledger.usage_records_store).
         "ledger_store_p50_ms": round(statistics.median(store), 3),
         "ledger_store_p99_ms": round(percentile(store, 99), 3),
         "direct_kept_p99_ms": round(percentile(kept_ms, 99), 3),

@@ -68,7 +68,7 @@ class ClientKeyAdmin(admin.ModelAdmin):
         if not change:
             obj.created_by = request.user
             # Held on the request only, for the next page; never stored or logged.
-            request._new_client_key = client_keys.issue(obj)
+            request._new_client_key = client_keys.client_key_secret_issue(obj)
         super().save_model(request, obj, form, change)
 
     def response_add(self, request, obj, post_url_continue=None):
@@ -89,7 +89,7 @@ class ClientKeyAdmin(admin.ModelAdmin):
     def revoke_keys(self, request, queryset):
         count = 0
         for key in queryset.filter(revoked_at__isnull=True):
-            client_keys.revoke(key, reason=f"revoked in the admin by {request.user.get_username()}")
+            client_keys.client_key_revoke(key, reason=f"revoked in the admin by {request.user.get_username()}")
             count += 1
         self.message_user(request, f"{count} key(s) revoked.", messages.SUCCESS)
 

@@ -51,7 +51,7 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create(
+def client_key_create(
     workspace,
     name: str,
     *,
@@ -77,12 +77,12 @@ def create(
         tokens_per_minute=tokens_per_minute,
         monthly_budget_usd=monthly_budget_usd,
     )
-    token = issue(key)
+    token = client_key_secret_issue(key)
     key.save()
     return key, token
 
 
-def issue(key: ClientKey) -> str:
+def client_key_secret_issue(key: ClientKey) -> str:
     """Give an unsaved ``key`` its prefix, hash and last four; returns the key itself."""
     prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(8))
     while ClientKey.objects.filter(prefix=prefix).exists():  # 62^8 prefixes: practically never
@@ -92,7 +92,7 @@ def issue(key: ClientKey) -> str:
     return token
 
 
-def authenticate(token: str | None, *, scope: str | None = None, now: datetime | None = None) -> ClientKey:
+def client_key_authenticate(token: str | None, *, scope: str | None = None, now: datetime | None = None) -> ClientKey:
     """The key's row, if ``token`` is a valid, unexpired, unrevoked key with ``scope``;
     else ``ClientKeyError``. Records the use (at most once a minute)."""
     now = now or timezone.now()
@@ -131,7 +131,7 @@ def _record_use(key: ClientKey, now: datetime) -> None:
     key.last_used_at = now
 
 
-def revoke(key: ClientKey, *, reason: str = "", now: datetime | None = None) -> None:
+def client_key_revoke(key: ClientKey, *, reason: str = "", now: datetime | None = None) -> None:
     """Refuse the key from now on (kept for the ledger's sake, never deleted by this)."""
     if key.revoked_at is None:
         key.revoked_at = now or timezone.now()

@@ -233,7 +233,7 @@ def key_labels(ids) -> dict[int | None, str]:
     return labels
 
 
-def monthly_summary(first_month: date, last_month: date, *, now: datetime | None = None) -> MonthlySummary:
+def usage_summary(first_month: date, last_month: date, *, now: datetime | None = None) -> MonthlySummary:
     """Cost and usage by month x model x provider x client key x arm, for the months from
     ``first_month`` to ``last_month`` (inclusive), with each month's totals, the month in
     progress projected to its end (also per row and per client key, against its budget),
@@ -446,7 +446,7 @@ def _ratio(numerator, denominator) -> float | None:
     return float(numerator) / float(denominator) if denominator else None
 
 
-def daily_series(first_day: date, last_day: date, *, release_id: int | None = None) -> DailySeries:
+def usage_daily_series(first_day: date, last_day: date, *, release_id: int | None = None) -> DailySeries:
     """Per day from ``first_day`` to ``last_day`` (inclusive, UTC): cost per model, and per
     arm (``""``: no release applied) the generations' error rate, average and p99 latency of
     answered ones, throughput (completion tokens per second of generation) and draft
@@ -665,7 +665,7 @@ def _arm_metrics(row: dict | None, all_requests: int, period_s: int) -> ArmMetri
 # --------------------------------------------------------------------------- upkeep
 
 
-def rollup_rebuild(first_day: date | None = None, last_day: date | None = None) -> int:
+def usage_rollup_rebuild(first_day: date | None = None, last_day: date | None = None) -> int:
     """Recompute the daily rollups of days ``first_day`` to ``last_day`` (UTC, inclusive;
     default: the whole ledger) from the ledger, holding writers back meanwhile. The
     triggers keep the rollups exact; this is for repairs (rollups restored from an older

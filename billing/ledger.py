@@ -63,12 +63,12 @@ def outbox_command(row: dict) -> bytes:
     return resp_command(b"XADD", OUTBOX.encode(), b"*", b"row", json.dumps(row).encode())
 
 
-def append(row: dict, client: redis.Redis | None = None) -> None:
+def usage_record_queue(row: dict, client: redis.Redis | None = None) -> None:
     """Queue one row on its own (paths that have no pipelined writer)."""
     (client or redis_client()).xadd(OUTBOX, {"row": json.dumps(row)})
 
 
-def append_many(rows: list[dict], client: redis.Redis | None = None) -> None:
+def usage_records_queue(rows: list[dict], client: redis.Redis | None = None) -> None:
     """Queue several rows in one round trip."""
     if rows:
         pipe = (client or redis_client()).pipeline(transaction=False)
@@ -228,7 +228,7 @@ def _settle(rows: list[dict]) -> None:
     for row in rows:
         request_key = row["request_id"].replace("-", "")
         try:
-            limits.settle(
+            limits.admission_settle(
                 limits.Admission.from_json(row["admission"]),
                 actual_cost_usd=costs.get(request_key),
                 actual_tokens=int(row.get("prompt_tokens") or 0) + int(row.get("completion_tokens") or 0),
@@ -269,7 +269,7 @@ def _read(client: redis.Redis, *, claim_idle_ms: int | None, count: int) -> list
     return []
 
 
-def drain(*, claim_idle_ms: int | None = None, batch: int = BATCH, max_batches: int | None = None) -> int:
+def usage_records_store(*, claim_idle_ms: int | None = None, batch: int = BATCH, max_batches: int | None = None) -> int:
     """Store queued ledger rows in PostgreSQL until none is left (or ``max_batches``);
     returns how many were inserted now. ``claim_idle_ms``: also take over entries another
     drainer read that long ago and never acknowledged (the beat task; 0 in tests). A
@@ -295,7 +295,7 @@ def drain(*, claim_idle_ms: int | None = None, batch: int = BATCH, max_batches: 
     return inserted
 
 
-def backlog(client: redis.Redis | None = None) -> dict:
+def usage_outbox_backlog(client: redis.Redis | None = None) -> dict:
     """Rows waiting (queued and read but not stored) and rows refused, for /readyz and
     operators."""
     client = client or redis_client()

@@ -493,7 +493,7 @@ def _alert(key_id: int, label: str, month: date, threshold: int, spent: Decimal,
 # --------------------------------------------------------------------------- the API
 
 
-def admit(
+def admission_reserve(
     key: ClientKey, *, model: str, local: bool, prompt_tokens: int, max_tokens: int, now: datetime | None = None
 ) -> Admission:
     """Admit a request of ``key`` or raise ``LimitExceeded``: its requests and tokens per
@@ -601,7 +601,7 @@ def admit(
     raise LimitExceeded("rate_limited", 429, message, retry_after)
 
 
-def settle(
+def admission_settle(
     admission: Admission, *, actual_cost_usd: Decimal | None, actual_tokens: int, now: datetime | None = None
 ) -> None:
     """The request ran: its reservation is replaced by ``actual_cost_usd`` (None: unknown,
@@ -649,9 +649,9 @@ def settle(
             )
 
 
-def release(admission: Admission, *, now: datetime | None = None) -> None:
+def admission_release(admission: Admission, *, now: datetime | None = None) -> None:
     """The request never ran (refused later, its enqueue failed): it costs nothing."""
-    settle(admission, actual_cost_usd=Decimal(0), actual_tokens=0, now=now)
+    admission_settle(admission, actual_cost_usd=Decimal(0), actual_tokens=0, now=now)
 
 
 def budget_state(key: ClientKey, *, now: datetime | None = None) -> BudgetState:

@@ -59,7 +59,7 @@ class Price(models.Model):
 class ClientKey(models.Model):
     """An API key of a client of our REST and OpenAI-compatible APIs.
 
-    Shown once when created (``billing.client_keys.create``): ``rk_<prefix>_<secret>``.
+    Shown once when created (``billing.client_keys.client_key_create``): ``rk_<prefix>_<secret>``.
     Stored: the prefix (the lookup id), the SHA-256 of the whole key and its last four
     characters; never the key. Limits: requests and tokens per minute (Redis, across web
     processes) and a monthly budget in USD (``billing.limits``); None is unlimited."""

@@ -12,4 +12,4 @@ from billing import ledger
 def ledger_drain() -> int:
     """Beat, every 15 s: store the usage rows still queued, taking
     over those another drainer read ``LEDGER_CLAIM_IDLE_S`` ago and never stored."""
-    return ledger.drain(claim_idle_ms=int(settings.LEDGER_CLAIM_IDLE_S * 1000))
+    return ledger.usage_records_store(claim_idle_ms=int(settings.LEDGER_CLAIM_IDLE_S * 1000))

@@ -145,8 +145,8 @@ def cost(request):
     client keys against their budgets, budget alerts; charts of cost per day and per model."""
     _allowed(request)
     form, first, last = _month_range(request)
-    summary = dashboard.monthly_summary(first, last)
-    series = dashboard.daily_series(first, min(dashboard.next_month(last) - timedelta(days=1), _today()))
+    summary = dashboard.usage_summary(first, last)
+    series = dashboard.usage_daily_series(first, min(dashboard.next_month(last) - timedelta(days=1), _today()))
     charts = [_cost_per_day(series), _cost_per_model(series)]
     return TemplateResponse(
         request,
@@ -170,7 +170,7 @@ def cost_csv(request):
     """The monthly summary's rows as CSV (exact decimals, USD and display currency)."""
     _allowed(request)
     _, first, last = _month_range(request)
-    summary = dashboard.monthly_summary(first, last)
+    summary = dashboard.usage_summary(first, last)
 
     class Echo:
         def write(self, value):
@@ -197,7 +197,7 @@ def charts(request):
         last = form.cleaned_data["end"] or last
     if not form.is_bound:
         form = PeriodForm(initial={"start": first, "end": last})
-    series = dashboard.daily_series(first, last, release_id=release.pk if release else None)
+    series = dashboard.usage_daily_series(first, last, release_id=release.pk if release else None)
     figures = [
         _cost_per_day(series),
         _cost_per_model(series),

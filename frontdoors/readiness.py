@@ -129,7 +129,7 @@ def readiness_summary() -> dict:
 
 def _ledger_backlog() -> dict | None:
     try:
-        return ledger.backlog(redis_probe_client())
+        return ledger.usage_outbox_backlog(redis_probe_client())
     except redis.RedisError:
         return None
 

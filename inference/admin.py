@@ -484,7 +484,7 @@ class CanaryReleaseAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if not change:
-            canary.start(obj, actor=request.user, reason="started in the admin")
+            canary.canary_release_start(obj, actor=request.user, reason="started in the admin")
             return
         with transaction.atomic():
             # Under the row lock, write only the fields the operator changed, so that the
@@ -496,7 +496,7 @@ class CanaryReleaseAdmin(admin.ModelAdmin):
                     setattr(locked, name, getattr(obj, name))
                 locked.save(update_fields=[*fields, "updated_at"])
             if "percent" in form.changed_data:
-                canary.set_percent(obj.pk, obj.percent, actor=request.user, reason="set in the admin")
+                canary.canary_release_percent_set(obj.pk, obj.percent, actor=request.user, reason="set in the admin")
 
     def _apply(self, request, queryset, action, done: str, **kwargs) -> None:
         changed, refused = [], []
@@ -513,19 +513,19 @@ class CanaryReleaseAdmin(admin.ModelAdmin):
 
     @admin.action(description="Apply one step (reaching 100%% promotes)")
     def apply_step(self, request, queryset):
-        self._apply(request, queryset, canary.step, "Stepped")
+        self._apply(request, queryset, canary.canary_release_step, "Stepped")
 
     @admin.action(description="Pause automatic promotion")
     def pause_releases(self, request, queryset):
-        self._apply(request, queryset, canary.pause, "Paused")
+        self._apply(request, queryset, canary.canary_release_pause, "Paused")
 
     @admin.action(description="Resume")
     def resume_releases(self, request, queryset):
-        self._apply(request, queryset, canary.resume, "Resumed")
+        self._apply(request, queryset, canary.canary_release_resume, "Resumed")
 
     @admin.action(description="Promote: the stable route takes the canary's target")
     def promote_releases(self, request, queryset):
-        self._apply(request, queryset, canary.promote, "Promoted")
+        self._apply(request, queryset, canary.canary_release_promote, "Promoted")
 
     @admin.action(description="Roll back: every client to stable, percent 0")
     def roll_back_releases(self, request, queryset):
@@ -535,7 +535,7 @@ class CanaryReleaseAdmin(admin.ModelAdmin):
             self._apply(
                 request,
                 queryset,
-                canary.roll_back,
+                canary.canary_release_roll_back,
                 "Rolled back",
                 reason=reason or f"rolled back by {request.user} in the admin",
             )

@@ -138,7 +138,9 @@ def _who(actor) -> str:
     return f"by {actor}" if actor is not None and getattr(actor, "pk", None) else "automatically"
 
 
-def start(release: CanaryRelease | None = None, *, actor=None, reason: str = "", **fields) -> CanaryRelease:
+def canary_release_start(
+    release: CanaryRelease | None = None, *, actor=None, reason: str = "", **fields
+) -> CanaryRelease:
     """Create a release (from an unsaved instance, as the admin's add form has, or from
     ``fields``) in state running at its percent, and record STARTED."""
     if release is None:
@@ -179,7 +181,7 @@ def _set_percent(release: CanaryRelease, percent: Decimal, *, action: str, actor
     _event(release, action, percent_from=before, percent_to=percent, reason=reason, actor=actor, metrics=metrics)
 
 
-def set_percent(release: CanaryRelease | int, percent, *, actor=None, reason: str = "") -> CanaryRelease:
+def canary_release_percent_set(release: CanaryRelease | int, percent, *, actor=None, reason: str = "") -> CanaryRelease:
     """Send ``percent`` % of the stable route's clients to the canary. 100 keeps the release
     running with every client on the canary (analysis goes on); ``promote`` ends it."""
     percent = _percent(percent)
@@ -198,7 +200,7 @@ def _step(release: CanaryRelease, *, actor, reason: str, metrics=None) -> None:
         _set_percent(release, target, action=Action.STEPPED, actor=actor, reason=reason, metrics=metrics)
 
 
-def step(release: CanaryRelease | int, *, actor=None, reason: str = "") -> CanaryRelease:
+def canary_release_step(release: CanaryRelease | int, *, actor=None, reason: str = "") -> CanaryRelease:
     """Add ``step_percent`` (capped at 100); reaching 100 promotes the release."""
     with transaction.atomic():
         release = _lock(release)
@@ -207,13 +209,13 @@ def step(release: CanaryRelease | int, *, actor=None, reason: str = "") -> Canar
     return release
 
 
-def pause(release: CanaryRelease | int, *, actor=None, reason: str = "") -> CanaryRelease:
+def canary_release_pause(release: CanaryRelease | int, *, actor=None, reason: str = "") -> CanaryRelease:
     """Stop automatic promotion. Traffic keeps its percent, and the analysis still rolls
     back a failing canary: clients on the canary arm are still served by it."""
     return _change_state(release, "pause", State.RUNNING, State.PAUSED, Action.PAUSED, actor=actor, reason=reason)
 
 
-def resume(release: CanaryRelease | int, *, actor=None, reason: str = "") -> CanaryRelease:
+def canary_release_resume(release: CanaryRelease | int, *, actor=None, reason: str = "") -> CanaryRelease:
     return _change_state(release, "resume", State.PAUSED, State.RUNNING, Action.RESUMED, actor=actor, reason=reason)
 
 
@@ -265,7 +267,7 @@ def _promote(release: CanaryRelease, *, actor, reason: str, metrics=None) -> Non
     )
 
 
-def promote(release: CanaryRelease | int, *, actor=None, reason: str = "") -> CanaryRelease:
+def canary_release_promote(release: CanaryRelease | int, *, actor=None, reason: str = "") -> CanaryRelease:
     """End the release: the stable route takes the canary route's target and serves everyone."""
     with transaction.atomic():
         release = _lock(release)
@@ -291,7 +293,7 @@ def _roll_back(release: CanaryRelease, reason: str, *, actor, metrics=None) -> N
     )
 
 
-def roll_back(release: CanaryRelease | int, reason: str = "", *, actor=None) -> CanaryRelease:
+def canary_release_roll_back(release: CanaryRelease | int, reason: str = "", *, actor=None) -> CanaryRelease:
     """Send every client back to the stable route and end the release (percent 0)."""
     with transaction.atomic():
         release = _lock(release)

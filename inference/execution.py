@@ -10,7 +10,7 @@ request's path). How attempts are chosen (docs/routing.md, "Keys, retries and fa
   enabled routes on enabled providers; loaded only once the route itself is exhausted).
 - A round walks the chain. On a GPU pool's route it sends to the pool's least loaded
   device (``inference.pool.device_pick``); on a remote route it takes the provider's least
-  recently used usable key (``inference.keypool.pick``). Both are one streamed call of the
+  recently used usable key (``inference.keypool.upstream_key_pick``). Both are one streamed call of the
   same OpenAI-protocol client (``inference.remote.stream_chat``). A rate-limited (429) or rejected (401/403) key
   is set aside in the pool (cooling down, disabled) and the next key is tried at once. A
   failure of the upstream itself (5xx, timeout, connection, broken stream) moves on to the
@@ -284,7 +284,9 @@ class Routing:
                 api_key = key.secret()
             except SecretUnreadable as exc:  # not a call: no attempt spent, the key set aside
                 message = f"upstream key {key} of provider {route.provider.name} cannot be decrypted ({exc})"
-                keypool.report_failure(key.id, kind="unreadable", message=str(exc), provider_name=route.provider.name)
+                keypool.upstream_key_failed(
+                    key.id, kind="unreadable", message=str(exc), provider_name=route.provider.name
+                )
                 logger.error("%s; disabled", message)
                 self.last = Failure("unauthorized", message)
                 continue
@@ -301,7 +303,7 @@ class Routing:
         if self._prefetched is not None and route is self.route and not tried:
             (key,), self._prefetched = self._prefetched, None
             return key
-        return keypool.pick(route.provider_id, exclude=tried)
+        return keypool.upstream_key_pick(route.provider_id, exclude=tried)
 
     def attempt_ready(self, route: Route) -> None:
         """Check the caps before an attempt; announce it when it is a retry."""
@@ -469,7 +471,7 @@ class Routing:
             return Failure("invalid_request", str(exc), field=exc.field)
         except UpstreamError as exc:
             if key_id is not None:
-                keypool.report_failure(
+                keypool.upstream_key_failed(
                     key_id,
                     kind=exc.kind,
                     message=exc.message,

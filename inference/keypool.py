@@ -119,7 +119,7 @@ def _pick_sql(provider: str) -> str:
     return _PICK.format(provider=provider, no_flush="" if connection.in_atomic_block else _NO_FLUSH)
 
 
-def pick(provider_id: int, *, exclude: tuple[int, ...] | list[int] | set[int] = ()) -> PickedKey | None:
+def upstream_key_pick(provider_id: int, *, exclude: tuple[int, ...] | list[int] | set[int] = ()) -> PickedKey | None:
     """The least recently used usable key of the provider (not in ``exclude``), marked used.
 
     The second subquery runs only when the first finds nothing (COALESCE evaluates lazily):
@@ -131,7 +131,7 @@ def pick(provider_id: int, *, exclude: tuple[int, ...] | list[int] | set[int] = 
     return PickedKey(*row) if row else None
 
 
-def report_success(key_id: int) -> None:
+def upstream_key_succeeded(key_id: int) -> None:
     """(A routed request does this in the statement that writes its ledger row.)"""
     with cursor() as cursor_:
         cursor_.execute(_SUCCESS + " " + (_NO_FLUSH if not connection.in_atomic_block else ""), [key_id])
@@ -221,7 +221,7 @@ def disabled_reason(provider_name: str, status: int | None, message: str) -> str
     )
 
 
-def report_failure(
+def upstream_key_failed(
     key_id: int, *, kind: str, message: str, provider_name: str, status: int | None = None, retry_after_s=None
 ) -> KeyState | None:
     """Record a failed attempt with this key (see the module docstring); the key's new state."""

@@ -127,7 +127,7 @@ def _ledger_drain_after(request_id: str) -> None:
     answer; before the task's ``link`` runs, so that what follows the answer finds the row.
     A failure leaves the rows queued for the beat's drain."""
     try:
-        ledger.drain(max_batches=1)
+        ledger.usage_records_store(max_batches=1)
     except Exception:
         logger.exception("ledger rows could not be stored after request %s; the beat's drain retries", request_id)
 
@@ -152,7 +152,7 @@ def _end_stream_of_lost_generation(sender=None, task_id=None, exception=None, ar
         # The terminal event and the ledger row (the tokens its stream holds) together.
         try:
             lost_generation_end(args[0], args[1], reason)
-            ledger.drain()
+            ledger.usage_records_store()
             return
         except Exception:  # the stream must still end; the row's failure is logged, not raised
             logger.exception("the ledger row of lost generation %s could not be queued or stored", args[0])

@@ -254,7 +254,7 @@ def _submit_admitted(client_key, plan: router.Plan, request, **submit) -> None:
         router.submit(plan, messages=request.messages, max_tokens=request.max_tokens, **submit)
         return
     provider = plan.route.provider
-    admission = limits.admit(
+    admission = limits.admission_reserve(
         client_key,
         model=provider.model,
         local=provider.is_local,
@@ -266,7 +266,7 @@ def _submit_admitted(client_key, plan: router.Plan, request, **submit) -> None:
             plan, messages=request.messages, max_tokens=request.max_tokens, admission=admission.as_json(), **submit
         )
     except BaseException:
-        limits.release(admission)
+        limits.admission_release(admission)
         raise
 
 

@@ -59,7 +59,7 @@ class ClientKeyAuthentication(BaseAuthentication):
         if token is None:
             return None
         try:
-            key = client_keys.authenticate(token)
+            key = client_keys.client_key_authenticate(token)
         except client_keys.ClientKeyError as exc:
             raise exceptions.AuthenticationFailed(exc.message, code=exc.code) from None
         return AnonymousUser(), key

@@ -57,7 +57,7 @@ async def _access(request) -> Access:
     key, user = None, None
     if token is not None:
         try:
-            key = await sync_to_async(client_keys.authenticate)(token)
+            key = await sync_to_async(client_keys.client_key_authenticate)(token)
         except client_keys.ClientKeyError as exc:
             raise exceptions.AuthenticationFailed(exc.message, code=exc.code) from None
     else:

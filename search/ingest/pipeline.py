@@ -289,7 +289,7 @@ class _EmbeddingUsage:
             for item, tokens, ms in self.per_document.values()
         ]
         try:
-            ledger.append_many(rows)
+            ledger.usage_records_queue(rows)
         except Exception:  # the index must not fail over its bookkeeping; say so loudly
             logger.exception("the embedding usage of %d documents could not be queued", len(rows))
 

@@ -221,7 +221,7 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
     admission = None
     try:
         if route is None:  # extractive: no generation admits it, so it is admitted here
-            admission = limits.admit(
+            admission = limits.admission_reserve(
                 key,
                 model=DEFAULT_EMBEDDER,
                 local=True,
@@ -248,7 +248,7 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
         raise from_domain(exc) from None
     finally:
         if admission is not None:
-            limits.release(admission)
+            limits.admission_release(admission)
     model = route.name if answer.mode == Answer.Mode.GENERATED and route is not None else EXTRACTIVE_MODEL
     return Started(answer=answer, model=model, created=int(answer.created_at.timestamp()))
 

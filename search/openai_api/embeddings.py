@@ -106,7 +106,7 @@ def _token_counts(embedder: Embedder, inputs: list[str]) -> list[int]:
 
 def _admit(key: ClientKey, model: str, tokens: int) -> limits.Admission:
     try:
-        return limits.admit(key, model=model, local=False, prompt_tokens=tokens, max_tokens=0)
+        return limits.admission_reserve(key, model=model, local=False, prompt_tokens=tokens, max_tokens=0)
     except limits.LimitExceeded as exc:
         raise from_domain(exc) from None
 
@@ -128,10 +128,10 @@ def _record(key: ClientKey, model: str, tokens: int, latency_ms: float, admissio
     )
     row["admission"] = admission.as_json()  # settled by the drain with the stored cost
     try:
-        ledger.append_many([row])
+        ledger.usage_records_queue([row])
     except Exception:  # the vectors are computed: answer, and say loudly what was not billed
         logger.exception("the embedding usage of key %s (%d tokens) could not be queued", key.pk, tokens)
-        limits.release(admission)
+        limits.admission_release(admission)
 
 
 def _encoded(vector: np.ndarray, encoding_format: str):
@@ -152,7 +152,7 @@ async def embeddings_create(key: ClientKey, request: EmbeddingRequest) -> dict:
     try:
         vectors = await sync_to_async(_embed, thread_sensitive=False)(embedder, request.inputs)
     except BaseException:
-        await sync_to_async(limits.release)(admission)
+        await sync_to_async(limits.admission_release)(admission)
         raise
     latency_ms = (time.perf_counter() - started) * 1000
     await sync_to_async(_record)(key, embedder.name, tokens, latency_ms, admission)

@@ -65,7 +65,7 @@ def api_view(*methods: str):
 
 async def _authenticate(request, scope: str | None) -> ClientKey:
     try:
-        return await sync_to_async(client_keys.authenticate)(client_keys.bearer_token(request), scope=scope)
+        return await sync_to_async(client_keys.client_key_authenticate)(client_keys.bearer_token(request), scope=scope)
     except client_keys.ClientKeyError as exc:
         raise from_domain(exc) from None
 

@@ -30,7 +30,7 @@ def workspace():
 
 
 def test_a_key_is_shown_once_and_only_its_hash_prefix_and_last_four_are_stored(workspace):
-    key, token = client_keys.create(workspace, "ci", scopes=["search", "generate"])
+    key, token = client_keys.client_key_create(workspace, "ci", scopes=["search", "generate"])
 
     assert re.fullmatch(r"rk_[A-Za-z0-9]{8}_[A-Za-z0-9_-]{43}", token)
     assert (key.prefix, key.last_four) == (token[3:11], token[-4:])
@@ -46,7 +46,7 @@ def test_a_key_is_shown_once_and_only_its_hash_prefix_and_last_four_are_stored(w
 
 
 def test_a_valid_key_authenticates_and_is_compared_in_constant_time(workspace, monkeypatch):
-    key, token = client_keys.create(workspace, "ci", scopes=["search"])
+    key, token = client_keys.client_key_create(workspace, "ci", scopes=["search"])
     compared = []
     real = client_keys.hmac.compare_digest
 
@@ -56,14 +56,14 @@ def test_a_valid_key_authenticates_and_is_compared_in_constant_time(workspace, m
 
     monkeypatch.setattr(client_keys.hmac, "compare_digest", recording)
 
-    assert client_keys.authenticate(token, scope="search") == key
+    assert client_keys.client_key_authenticate(token, scope="search") == key
     assert compared == [(key.secret_hash, key.secret_hash)]
     # A wrong secret with the right prefix, and an unknown prefix: both compared, both refused alike.
     wrong = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
     unknown = "rk_zzzzzzzz_" + token[12:]
     for bad in (wrong, unknown):
         with pytest.raises(ClientKeyError) as refused:
-            client_keys.authenticate(bad)
+            client_keys.client_key_authenticate(bad)
         assert (refused.value.code, refused.value.status) == ("invalid_api_key", 401)
     assert len(compared) == 3
 
@@ -79,34 +79,34 @@ def test_a_valid_key_authenticates_and_is_compared_in_constant_time(workspace, m
 )
 def test_missing_and_malformed_keys_are_refused(token, code):
     with pytest.raises(ClientKeyError) as refused:
-        client_keys.authenticate(token)
+        client_keys.client_key_authenticate(token)
     assert (refused.value.code, refused.value.status) == (code, 401)
 
 
 def test_expired_revoked_and_out_of_scope_keys_are_refused_with_the_reason(workspace):
     now = timezone.now()
-    expired, expired_token = client_keys.create(workspace, "old", scopes=["search"], expires_at=now)
-    revoked, revoked_token = client_keys.create(workspace, "gone", scopes=["search"])
-    client_keys.revoke(revoked, reason="leaked in a log")
-    _, reader_token = client_keys.create(workspace, "reader", scopes=["search"])
-    admin_key, admin_token = client_keys.create(workspace, "ops", scopes=["admin"])
+    expired, expired_token = client_keys.client_key_create(workspace, "old", scopes=["search"], expires_at=now)
+    revoked, revoked_token = client_keys.client_key_create(workspace, "gone", scopes=["search"])
+    client_keys.client_key_revoke(revoked, reason="leaked in a log")
+    _, reader_token = client_keys.client_key_create(workspace, "reader", scopes=["search"])
+    admin_key, admin_token = client_keys.client_key_create(workspace, "ops", scopes=["admin"])
 
     with pytest.raises(ClientKeyError) as refused:
-        client_keys.authenticate(expired_token, now=now)
+        client_keys.client_key_authenticate(expired_token, now=now)
     assert (refused.value.code, refused.value.status) == ("expired_api_key", 401)
-    assert client_keys.authenticate(expired_token, now=now - timedelta(seconds=1)) == expired
+    assert client_keys.client_key_authenticate(expired_token, now=now - timedelta(seconds=1)) == expired
 
     with pytest.raises(ClientKeyError) as refused:
-        client_keys.authenticate(revoked_token)
+        client_keys.client_key_authenticate(revoked_token)
     assert (refused.value.code, refused.value.status) == ("revoked_api_key", 401)
     revoked.refresh_from_db()
     assert revoked.revoked_reason == "leaked in a log"
 
     with pytest.raises(ClientKeyError) as refused:
-        client_keys.authenticate(reader_token, scope="generate")
+        client_keys.client_key_authenticate(reader_token, scope="generate")
     assert (refused.value.code, refused.value.status) == ("insufficient_scope", 403)
     assert "'generate'" in refused.value.message and "search" in refused.value.message
-    assert client_keys.authenticate(admin_token, scope="generate") == admin_key  # admin has every scope
+    assert client_keys.client_key_authenticate(admin_token, scope="generate") == admin_key  # admin has every scope
 
 
 def test_a_bearer_token_that_is_no_key_is_refused_saying_so(workspace):
@@ -114,7 +114,7 @@ def test_a_bearer_token_that_is_no_key_is_refused_saying_so(workspace):
     token = client_keys.bearer_token(request)
     assert token == "rk_nope"
     with pytest.raises(ClientKeyError) as refused:
-        client_keys.authenticate(token)
+        client_keys.client_key_authenticate(token)
     assert (refused.value.status, refused.value.code, refused.value.message) == (
         401,
         "invalid_api_key",
@@ -124,14 +124,14 @@ def test_a_bearer_token_that_is_no_key_is_refused_saying_so(workspace):
 
 
 def test_last_used_is_written_at_most_once_a_minute(workspace):
-    key, token = client_keys.create(workspace, "ci")
+    key, token = client_keys.client_key_create(workspace, "ci")
     start = timezone.now()
 
     with CaptureQueriesContext(connection) as first:
-        client_keys.authenticate(token, now=start)
+        client_keys.client_key_authenticate(token, now=start)
     with CaptureQueriesContext(connection) as again:
-        client_keys.authenticate(token, now=start + timedelta(seconds=59))
-    client_keys.authenticate(token, now=start + timedelta(seconds=61))
+        client_keys.client_key_authenticate(token, now=start + timedelta(seconds=59))
+    client_keys.client_key_authenticate(token, now=start + timedelta(seconds=61))
 
     assert [q["sql"].split()[0] for q in first.captured_queries] == ["SELECT", "UPDATE"]
     assert [q["sql"].split()[0] for q in again.captured_queries] == ["SELECT"]
@@ -141,7 +141,7 @@ def test_last_used_is_written_at_most_once_a_minute(workspace):
 
 def test_unknown_scopes_are_refused_at_creation(workspace):
     with pytest.raises(ValueError, match="unknown scope"):
-        client_keys.create(workspace, "ci", scopes=["search", "everything"])
+        client_keys.client_key_create(workspace, "ci", scopes=["search", "everything"])
 
 
 def test_the_admin_shows_a_new_key_once_and_then_only_masked(workspace, client):
@@ -158,7 +158,7 @@ def test_the_admin_shows_a_new_key_once_and_then_only_masked(workspace, client):
     token = re.search(r'value="(rk_[^"]+)"', created.content.decode()).group(1)
     key = ClientKey.objects.get(name="integration")
     assert (key.scopes, key.created_by) == (["search", "generate"], staff)
-    assert client_keys.authenticate(token, scope="generate") == key
+    assert client_keys.client_key_authenticate(token, scope="generate") == key
     listing = client.get("/admin/billing/clientkey/").content.decode()
     assert key.masked in listing and token not in listing and token[12:30] not in listing
     detail = client.get(f"/admin/billing/clientkey/{key.id}/change/").content.decode()
@@ -169,4 +169,4 @@ def test_the_admin_shows_a_new_key_once_and_then_only_masked(workspace, client):
         {"action": "revoke_keys", "_selected_action": [key.id]},
     )
     with pytest.raises(ClientKeyError, match="revoked"):
-        client_keys.authenticate(token)
+        client_keys.client_key_authenticate(token)

@@ -102,7 +102,7 @@ def test_summary_totals_are_exact_decimal_sums_by_month_model_provider_key_and_a
     record("2021-01-08T10:00:00", "1.5", client_key=batch, model="claude-sonnet-4-5", provider_name="anthropic")
     record("2021-01-09T10:00:00", "0.25", client_key=web, arm="canary")
 
-    summary = dashboard.monthly_summary(date(2021, 1, 1), date(2021, 1, 1), now=at("2021-06-01T00:00:00"))
+    summary = dashboard.usage_summary(date(2021, 1, 1), date(2021, 1, 1), now=at("2021-06-01T00:00:00"))
 
     rows = {(row.model, row.provider, row.client_key_id, row.arm): row for row in summary.rows}
     assert set(rows) == {
@@ -129,7 +129,7 @@ def test_a_month_boundary_splits_the_totals_at_midnight_utc():
     record("2021-02-28T23:59:59", "0.01")
     record("2021-03-01T00:00:00", "7")  # the month after the range
 
-    summary = dashboard.monthly_summary(date(2021, 1, 1), date(2021, 2, 1), now=at("2021-06-01T00:00:00"))
+    summary = dashboard.usage_summary(date(2021, 1, 1), date(2021, 2, 1), now=at("2021-06-01T00:00:00"))
 
     assert [(month.month, month.requests, month.cost_usd) for month in summary.months] == [
         (date(2021, 1, 1), 1, Decimal("0.4")),
@@ -150,7 +150,7 @@ def test_the_month_in_progress_is_projected_by_its_run_rate_to_the_second(keys):
     )
     now = at("2021-02-10T12:00:00")  # 9.5 days of February's 28
 
-    summary = dashboard.monthly_summary(date(2021, 1, 1), date(2021, 2, 1), now=now)
+    summary = dashboard.usage_summary(date(2021, 1, 1), date(2021, 2, 1), now=now)
 
     february = summary.current
     assert february.month == date(2021, 2, 1)
@@ -184,7 +184,7 @@ def test_rows_without_a_price_are_counted_and_flagged_never_summed_as_zero():
     record("2021-01-07T00:00:00", "0.3")
     record("2021-01-08T00:00:00", None)  # a priced model's row stored before its price existed
 
-    summary = dashboard.monthly_summary(date(2021, 1, 1), date(2021, 1, 1), now=at("2021-06-01T00:00:00"))
+    summary = dashboard.usage_summary(date(2021, 1, 1), date(2021, 1, 1), now=at("2021-06-01T00:00:00"))
 
     assert [flag.message for flag in summary.unpriced] == [
         "1 request of model gpt-4.1 (provider openai) has no price in 2021-01 (150 tokens): not included in the costs",
@@ -425,7 +425,7 @@ def test_the_daily_rollup_follows_inserts_updates_and_deletes_of_the_ledger(rele
     ]
 
     # A rebuild from the ledger finds what the triggers kept.
-    assert dashboard.rollup_rebuild(date(2021, 4, 1), date(2021, 4, 30)) == 2
+    assert dashboard.usage_rollup_rebuild(date(2021, 4, 1), date(2021, 4, 30)) == 2
     assert _ledger_by_day() == (ledger, rollup)
 
 
@@ -435,7 +435,7 @@ def test_daily_series_per_arm_come_from_the_rollups(release):
     record("2021-05-03T11:00:00", "0.01", release=release, arm="stable", status="error")
     record("2021-05-04T10:00:00", None, model="mystery-7b", release=release, arm="canary", latency_ms=1000.0)
 
-    series = dashboard.daily_series(date(2021, 5, 3), date(2021, 5, 4), release_id=release.id)
+    series = dashboard.usage_daily_series(date(2021, 5, 3), date(2021, 5, 4), release_id=release.id)
 
     assert series.days == [date(2021, 5, 3), date(2021, 5, 4)]
     assert series.cost_by_model == {"gpt-4.1": [Decimal("1.01"), Decimal(0)], "mystery-7b": [Decimal(0), Decimal(0)]}
@@ -453,7 +453,7 @@ def test_daily_series_per_arm_come_from_the_rollups(release):
 def test_rows_stored_by_the_ledgers_drain_are_rolled_up_once_even_when_redelivered():
     from billing import ledger
 
-    ledger.drain(claim_idle_ms=0)  # rows other tests left queued, stored (and rolled back) here
+    ledger.usage_records_store(claim_idle_ms=0)  # rows other tests left queued, stored (and rolled back) here
     row = {
         "request_id": uuid.uuid4().hex,
         "created_at": "2021-06-01T10:00:00+00:00",
@@ -473,12 +473,12 @@ def test_rows_stored_by_the_ledgers_drain_are_rolled_up_once_even_when_redeliver
         "error_class": "",
         "cost_usd": "0.006",
     }
-    ledger.append(row)
-    ledger.append(row)  # delivered twice: stored once (ON CONFLICT DO NOTHING), counted once
+    ledger.usage_record_queue(row)
+    ledger.usage_record_queue(row)  # delivered twice: stored once (ON CONFLICT DO NOTHING), counted once
 
-    assert ledger.drain(claim_idle_ms=0) == 1
+    assert ledger.usage_records_store(claim_idle_ms=0) == 1
 
-    summary = dashboard.monthly_summary(date(2021, 6, 1), date(2021, 6, 1), now=at("2021-07-01T00:00:00"))
+    summary = dashboard.usage_summary(date(2021, 6, 1), date(2021, 6, 1), now=at("2021-07-01T00:00:00"))
     assert [(row.model, row.requests, row.cost_usd) for row in summary.rows] == [("gpt-4.1", 1, Decimal("0.006"))]
     ledger_, rollup = _ledger_by_day()
     assert ledger_ == rollup

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def outbox():
     """An empty outbox (rows other tests left queued would be drained here)."""
     client = redis_client()
-    ledger.drain(claim_idle_ms=0)
+    ledger.usage_records_store(claim_idle_ms=0)
     client.delete(ledger.OUTBOX, ledger.REJECTED)
     yield client
     client.delete(ledger.OUTBOX, ledger.REJECTED)
@@ -59,7 +59,7 @@ def test_the_row_is_queued_with_the_terminal_event_and_stored_by_the_drain(upstr
     key.refresh_from_db()
     assert key.success_count == 0
 
-    assert ledger.drain() == 1
+    assert ledger.usage_records_store() == 1
 
     row = UsageRecord.objects.get(request_id=request_id)
     assert (row.status, row.route_id, row.provider_id, row.upstream_key_id) == ("ok", route.id, provider.id, key.id)
@@ -69,7 +69,7 @@ def test_the_row_is_queued_with_the_terminal_event_and_stored_by_the_drain(upstr
     key.refresh_from_db()
     assert (key.success_count, key.consecutive_failures) == (1, 0)
     assert outbox.xlen(ledger.OUTBOX) == 0
-    assert ledger.drain() == 0
+    assert ledger.usage_records_store() == 0
 
 
 def test_a_row_stored_by_a_drainer_that_died_before_acknowledging_is_not_stored_or_counted_twice(
@@ -88,9 +88,9 @@ def test_a_row_stored_by_a_drainer_that_died_before_acknowledging_is_not_stored_
     assert ledger._store([json.loads(entries[0][1][b"row"])]) == {str(uuid.UUID(request_id))}
 
     # Another drainer without claiming sees nothing new; the beat's claim takes it over.
-    assert ledger.drain() == 0
+    assert ledger.usage_records_store() == 0
     assert outbox.xpending(ledger.OUTBOX, ledger.GROUP)["pending"] == 1
-    assert ledger.drain(claim_idle_ms=0) == 0
+    assert ledger.usage_records_store(claim_idle_ms=0) == 0
 
     assert UsageRecord.objects.filter(request_id=request_id).count() == 1
     key.refresh_from_db()
@@ -111,12 +111,12 @@ def test_rows_wait_in_the_outbox_while_the_database_is_down(upstream_server, out
     with monkeypatch.context() as patch:
         patch.setattr(ledger, "_store", database_down)
         with pytest.raises(OperationalError):
-            ledger.drain()
+            ledger.usage_records_store()
 
     assert not UsageRecord.objects.filter(request_id__in=request_ids).exists()
     assert outbox.xpending(ledger.OUTBOX, ledger.GROUP)["pending"] == 3
-    assert ledger.drain() == 0  # read by the failed drainer: only a claim takes them over
-    assert ledger.drain(claim_idle_ms=0) == 3
+    assert ledger.usage_records_store() == 0  # read by the failed drainer: only a claim takes them over
+    assert ledger.usage_records_store(claim_idle_ms=0) == 3
     assert UsageRecord.objects.filter(request_id__in=request_ids).count() == 3
     assert outbox.xlen(ledger.OUTBOX) == 0
 
@@ -131,16 +131,16 @@ def test_a_row_postgresql_refuses_is_set_aside_with_its_reason_and_the_others_ar
     # A third row like the others but with a negative token count (what only a bug would send).
     ((_, fields),) = outbox.xrange(ledger.OUTBOX, count=1)
     bad_id = uuid.uuid4().hex
-    ledger.append({**json.loads(fields[b"row"]), "request_id": bad_id, "prompt_tokens": -5})
+    ledger.usage_record_queue({**json.loads(fields[b"row"]), "request_id": bad_id, "prompt_tokens": -5})
 
-    assert ledger.drain() == 2
+    assert ledger.usage_records_store() == 2
 
     assert UsageRecord.objects.filter(request_id__in=good_ids).count() == 2
     assert not UsageRecord.objects.filter(request_id=bad_id).exists()
     ((_, fields),) = outbox.xrange(ledger.REJECTED)
     assert json.loads(fields[b"row"])["request_id"] == bad_id
     assert 'violates check constraint "billing_usagerecord_prompt_tokens' in fields[b"reason"].decode()
-    assert ledger.backlog() == {"queued": 0, "rejected": 1}
+    assert ledger.usage_outbox_backlog() == {"queued": 0, "rejected": 1}
     assert client.get("/readyz").json()["ledger"] == {"queued": 0, "rejected": 1}  # where operators look
 
 
@@ -152,9 +152,9 @@ def test_a_success_stored_after_a_later_failure_keeps_the_failure_count(upstream
     # Then the key fails (after the success), before the drain stores the success.
     from inference import keypool
 
-    keypool.report_failure(key.id, kind="server_error", message="HTTP 500", provider_name=provider.name)
+    keypool.upstream_key_failed(key.id, kind="server_error", message="HTTP 500", provider_name=provider.name)
 
-    assert ledger.drain() == 1
+    assert ledger.usage_records_store() == 1
 
     key.refresh_from_db()
     assert (key.success_count, key.consecutive_failures, key.failure_count) == (1, 1, 1)
@@ -197,9 +197,11 @@ def test_each_row_is_priced_at_its_own_time_and_a_price_change_mid_month_splits_
     ids = {}
     for name, at in moments.items():
         ids[name] = uuid.uuid4().hex
-        ledger.append({**row, "request_id": ids[name], "created_at": at.isoformat(), "prompt_tokens": 1234567})
+        ledger.usage_record_queue(
+            {**row, "request_id": ids[name], "created_at": at.isoformat(), "prompt_tokens": 1234567}
+        )
 
-    assert ledger.drain() == 4
+    assert ledger.usage_records_store() == 4
 
     stored = {name: UsageRecord.objects.get(request_id=ids[name]) for name in moments}
     completion = row["completion_tokens"]
@@ -235,7 +237,7 @@ def test_a_model_without_a_price_keeps_no_cost_and_the_local_pool_has_its_own(up
         effective_from=datetime(2026, 1, 1, tzinfo=UTC),
     )
     local_id = uuid.uuid4().hex
-    ledger.append(
+    ledger.usage_record_queue(
         {
             **row,
             "request_id": local_id,
@@ -247,7 +249,7 @@ def test_a_model_without_a_price_keeps_no_cost_and_the_local_pool_has_its_own(up
         }
     )
 
-    assert ledger.drain() == 2
+    assert ledger.usage_records_store() == 2
 
     unpriced = UsageRecord.objects.get(request_id=row["request_id"])
     assert (unpriced.cost_usd, unpriced.price_id) == (None, None)
@@ -267,7 +269,7 @@ def test_a_reader_that_goes_away_does_not_stop_the_billing_of_what_was_produced(
     result = run_routed(request_id, payload(route))
     reader.join(timeout=30)
     assert not reader.is_alive()
-    ledger.drain()
+    ledger.usage_records_store()
 
     row = UsageRecord.objects.get(request_id=request_id)
     assert (result["status"], row.status, row.completion_tokens) == ("ok", "ok", len(WORDS))
@@ -280,9 +282,9 @@ def test_a_row_whose_route_and_key_were_deleted_meanwhile_is_kept_without_the_re
     request_id, _ = request(route)
     row = queued_row(outbox)
     outbox.delete(ledger.OUTBOX)
-    ledger.append({**row, "route_id": 2**40, "upstream_key_id": 2**40, "workspace_id": 2**40})
+    ledger.usage_record_queue({**row, "route_id": 2**40, "upstream_key_id": 2**40, "workspace_id": 2**40})
 
-    assert ledger.drain() == 1
+    assert ledger.usage_records_store() == 1
 
     stored = UsageRecord.objects.get(request_id=request_id)
     assert (stored.route_id, stored.upstream_key_id, stored.workspace_id) == (None, None, None)
@@ -304,15 +306,17 @@ def test_storing_a_row_settles_its_client_keys_reservation_to_the_real_cost(upst
         effective_from=datetime(2026, 1, 1, tzinfo=UTC),
     )
     workspace = Workspace.objects.create(name="Budget", slug=f"budget-{uuid.uuid4().hex[:8]}")
-    client_key, _ = client_keys.create(workspace, "ci", scopes=["generate"], monthly_budget_usd=Decimal("5"))
-    admission = limits.admit(client_key, model=provider.model, local=False, prompt_tokens=100, max_tokens=64)
+    client_key, _ = client_keys.client_key_create(workspace, "ci", scopes=["generate"], monthly_budget_usd=Decimal("5"))
+    admission = limits.admission_reserve(
+        client_key, model=provider.model, local=False, prompt_tokens=100, max_tokens=64
+    )
     assert admission.reserved_usd == cost_of(100, 64, price)
     assert limits.budget_state(client_key).reserved_usd == admission.reserved_usd
 
     request_id = uuid.uuid4().hex
     body = payload(route, client_key_id=client_key.id, admission=admission.as_json())
     run_routed(request_id, body)
-    assert ledger.drain() == 1
+    assert ledger.usage_records_store() == 1
 
     row = UsageRecord.objects.get(request_id=request_id)
     assert row.client_key_id == client_key.id

@@ -85,7 +85,9 @@ def forget_month(key: ClientKey, month: str = "2025-06") -> None:
 
 
 def admit(key: ClientKey, price: Price, at: datetime = T0, *, prompt: int = 100, max_tokens: int = 50):
-    return limits.admit(key, model=price.model, local=False, prompt_tokens=prompt, max_tokens=max_tokens, now=at)
+    return limits.admission_reserve(
+        key, model=price.model, local=False, prompt_tokens=prompt, max_tokens=max_tokens, now=at
+    )
 
 
 def refusal(key: ClientKey, price: Price, at: datetime = T0, **kwargs) -> LimitExceeded:
@@ -111,7 +113,7 @@ def test_reservations_and_settlements_are_exact_integers_of_a_picodollar(price, 
 
     actual = cost_of(100, 20, price)
     assert actual == Decimal("0.00016543202")
-    limits.settle(first, actual_cost_usd=actual, actual_tokens=120, now=seconds(1))
+    limits.admission_settle(first, actual_cost_usd=actual, actual_tokens=120, now=seconds(1))
 
     state = limits.budget_state(key, now=seconds(1))
     assert (state.spent_usd, state.reserved_usd, state.in_flight) == (actual, second.reserved_usd, 1)
@@ -119,7 +121,7 @@ def test_reservations_and_settlements_are_exact_integers_of_a_picodollar(price, 
     month = redis_client().hgetall(f"limits:{{{key.pk}}}:2025-06")
     assert month == {b"spent": b"165432020", b"committed": b"189259175"}
 
-    limits.release(second, now=seconds(2))
+    limits.admission_release(second, now=seconds(2))
 
     state = limits.budget_state(key, now=seconds(2))
     assert (state.spent_usd, state.reserved_usd, state.in_flight) == (actual, 0, 0)
@@ -130,7 +132,7 @@ def test_a_cost_finer_than_a_picodollar_is_refused_not_rounded(price, make_key):
     admission = admit(make_key(monthly_budget_usd=Decimal("1.00")), price)
 
     with pytest.raises(ValueError, match="finer than 1e-12 USD"):
-        limits.settle(admission, actual_cost_usd=Decimal("0.0000000000001"), actual_tokens=1, now=T0)
+        limits.admission_settle(admission, actual_cost_usd=Decimal("0.0000000000001"), actual_tokens=1, now=T0)
 
 
 @pytest.mark.parametrize(
@@ -180,7 +182,9 @@ def test_twenty_parallel_requests_overspend_by_at_most_one_reservation(price, ma
                     admitted.append(admission)
             admitted_all.wait()  # settle only once every admission was decided
             if admission is not None:
-                limits.settle(admission, actual_cost_usd=admission.reserved_usd, actual_tokens=150, now=seconds(1))
+                limits.admission_settle(
+                    admission, actual_cost_usd=admission.reserved_usd, actual_tokens=150, now=seconds(1)
+                )
         except Exception as exc:  # reported below: an assertion here would die with its thread
             with lock:
                 errors.append(exc)
@@ -216,7 +220,7 @@ def test_the_month_is_initialised_from_the_ledger_when_redis_lost_it(price, make
     assert limits.month_spent(key, now=datetime(2025, 5, 2, tzinfo=UTC)) == 7
 
     admission = admit(key, price)
-    limits.settle(admission, actual_cost_usd=RESERVED, actual_tokens=150, now=seconds(1))
+    limits.admission_settle(admission, actual_cost_usd=RESERVED, actual_tokens=150, now=seconds(1))
     assert limits.month_spent(key, now=seconds(1)) == Decimal("0.100000000001") + RESERVED
 
     # Redis restarts; the drain had stored the settled request's row meanwhile.
@@ -227,7 +231,7 @@ def test_the_month_is_initialised_from_the_ledger_when_redis_lost_it(price, make
     # A settlement while the month is missing adds nothing: its ledger row will count it.
     late = admit(key, price, seconds(3))
     forget_month(key)
-    limits.settle(late, actual_cost_usd=RESERVED, actual_tokens=150, now=seconds(4))
+    limits.admission_settle(late, actual_cost_usd=RESERVED, actual_tokens=150, now=seconds(4))
     assert not redis_client().exists(f"limits:{{{key.pk}}}:2025-06")
     ledger_row(key, str(RESERVED))
     state = limits.budget_state(key, now=seconds(5))
@@ -239,8 +243,8 @@ def test_a_second_settlement_of_the_same_request_does_nothing(price, make_key):
     admission = admit(key, price)
 
     for _ in range(2):
-        limits.settle(admission, actual_cost_usd=Decimal("0.0001"), actual_tokens=60, now=seconds(1))
-    limits.release(admission, now=seconds(2))
+        limits.admission_settle(admission, actual_cost_usd=Decimal("0.0001"), actual_tokens=60, now=seconds(1))
+    limits.admission_release(admission, now=seconds(2))
 
     state = limits.budget_state(key, now=seconds(2))
     assert (state.spent_usd, state.reserved_usd, state.in_flight) == (Decimal("0.0001"), 0, 0)
@@ -263,10 +267,10 @@ def test_an_unsettled_reservation_stops_counting_when_it_expires(price, make_key
     assert (state.spent_usd, state.reserved_usd, state.in_flight) == (Decimal("0.9999"), RESERVED, 1)
 
     # Its process comes back and settles after all: what it spent counts, once.
-    limits.settle(crashed, actual_cost_usd=RESERVED, actual_tokens=150, now=expiry + timedelta(seconds=1))
+    limits.admission_settle(crashed, actual_cost_usd=RESERVED, actual_tokens=150, now=expiry + timedelta(seconds=1))
     state = limits.budget_state(key, now=expiry + timedelta(seconds=1))
     assert (state.spent_usd, state.reserved_usd, state.in_flight) == (Decimal("0.9999") + RESERVED, RESERVED, 1)
-    limits.release(later, now=expiry + timedelta(seconds=2))
+    limits.admission_release(later, now=expiry + timedelta(seconds=2))
     assert limits.budget_state(key, now=expiry + timedelta(seconds=2)).reserved_usd == 0
 
 
@@ -276,7 +280,7 @@ def test_a_request_admitted_at_the_end_of_a_month_is_charged_to_that_month(price
     admission = admit(key, price, june_end)
     july = datetime(2025, 7, 1, 0, 0, 5, tzinfo=UTC)
 
-    limits.settle(admission, actual_cost_usd=RESERVED, actual_tokens=150, now=july)
+    limits.admission_settle(admission, actual_cost_usd=RESERVED, actual_tokens=150, now=july)
 
     assert admission.month.isoformat() == "2025-06-01"
     assert limits.month_spent(key, now=june_end) == RESERVED
@@ -289,7 +293,7 @@ def test_alerts_at_80_and_100_percent_are_created_once_each(price, make_key, cap
 
     for step, cost in enumerate(["0.5", "0.3", "0.1", "0.1"]):  # 50 %, 80 %, 90 %, 100 %
         admission = admit(key, price, seconds(step), prompt=1, max_tokens=1)
-        limits.settle(admission, actual_cost_usd=Decimal(cost), actual_tokens=2, now=seconds(step))
+        limits.admission_settle(admission, actual_cost_usd=Decimal(cost), actual_tokens=2, now=seconds(step))
     assert refusal(key, price, seconds(5)).code == "budget_exhausted"
 
     alerts = list(BudgetAlert.objects.filter(client_key=key).order_by("threshold_percent"))
@@ -316,7 +320,7 @@ def test_an_unpriced_model_cannot_be_budgeted(price, make_key):
     key = make_key(monthly_budget_usd=Decimal("1.00"))
 
     with pytest.raises(ModelUnpriced) as caught:
-        limits.admit(key, model="no-such-model-42", local=False, prompt_tokens=10, max_tokens=10, now=T0)
+        limits.admission_reserve(key, model="no-such-model-42", local=False, prompt_tokens=10, max_tokens=10, now=T0)
 
     assert isinstance(caught.value, LimitExceeded)
     assert (caught.value.code, caught.value.status, caught.value.retry_after_s) == ("model_unpriced", 402, None)
@@ -329,10 +333,14 @@ def test_an_unpriced_model_cannot_be_budgeted(price, make_key):
         output_usd_per_million=Decimal("0.10"),
         effective_from=datetime(2025, 6, 1, tzinfo=UTC),
     )
-    pooled = limits.admit(key, model="no-such-model-42", local=True, prompt_tokens=10, max_tokens=10, now=T0)
+    pooled = limits.admission_reserve(
+        key, model="no-such-model-42", local=True, prompt_tokens=10, max_tokens=10, now=T0
+    )
     assert pooled.reserved_usd == Decimal("0.0000012")
     # A key without a budget has nothing to reserve: the model's price does not matter.
-    free = limits.admit(make_key(), model="no-such-model-42", local=False, prompt_tokens=10, max_tokens=10, now=T0)
+    free = limits.admission_reserve(
+        make_key(), model="no-such-model-42", local=False, prompt_tokens=10, max_tokens=10, now=T0
+    )
     assert free.reserved_usd is None
 
 
@@ -372,7 +380,7 @@ def test_tokens_per_minute_count_the_estimate_and_settlement_corrects_it(price, 
     assert "needs 400 (prompt 100 + max_tokens 300)" in refused.message
 
     # The first request used 150 tokens, not 400: 250 come back.
-    limits.settle(first, actual_cost_usd=None, actual_tokens=150, now=seconds(11))
+    limits.admission_settle(first, actual_cost_usd=None, actual_tokens=150, now=seconds(11))
     assert redis_client().get(token_sum) == b"550"
     admit(key, price, seconds(12), prompt=100, max_tokens=300)
     assert redis_client().get(token_sum) == b"950"
@@ -396,5 +404,5 @@ def test_a_key_without_limits_touches_no_redis_key_before_the_request(price, mak
     assert list(redis_client().scan_iter(match=f"limits:{{{key.pk}}}:*")) == []
     # Its spending is still counted once the month is tracked (a budget set in mid-month).
     assert limits.month_spent(key, now=T0) == 0
-    limits.settle(admission, actual_cost_usd=RESERVED, actual_tokens=150, now=seconds(1))
+    limits.admission_settle(admission, actual_cost_usd=RESERVED, actual_tokens=150, now=seconds(1))
     assert limits.month_spent(key, now=seconds(1)) == RESERVED

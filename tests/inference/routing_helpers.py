@@ -72,7 +72,7 @@ def routed(route: Route, prompt: str = PROMPT, **fields) -> tuple[dict, list[tup
     result = run_routed(request_id, payload(route, prompt, **fields))
     if result["status"] == "handed_over":
         return result, [], None
-    ledger.drain()
+    ledger.usage_records_store()
     return result, events_of(request_id), UsageRecord.objects.get(request_id=request_id)
 
 

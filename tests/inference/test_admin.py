@@ -383,7 +383,7 @@ def test_canary_release_lifecycle_in_the_admin(admin_client, admin_user, routes)
 
     # A page opened before a step of the analysis cannot put the old percent back.
     stale = change_form_data(admin_client.get(change))
-    canary.set_percent(release, 20)
+    canary.canary_release_percent_set(release, 20)
     response = admin_client.post(change, stale)
     assert form_errors(response) == {
         "percent": [
@@ -440,7 +440,7 @@ def test_canary_release_lifecycle_in_the_admin(admin_client, admin_user, routes)
 
 def test_promote_action_and_the_last_analysis_on_the_change_page(admin_client, routes):
     stable, candidate = routes
-    release = canary.start(name="r", stable_route=stable, canary_route=candidate, percent=Decimal("10"))
+    release = canary.canary_release_start(name="r", stable_route=stable, canary_route=candidate, percent=Decimal("10"))
     release.last_analysis = {
         "verdict": "healthy",
         "window": {"start": "2026-01-01T00:00:00+00:00", "end": "2026-01-01T00:05:00+00:00", "seconds": 300},

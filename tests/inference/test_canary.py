@@ -127,7 +127,7 @@ def start(routes, **options) -> CanaryRelease:
         "failing_windows_to_rollback": 2,
         **options,
     }
-    return canary.start(**fields)
+    return canary.canary_release_start(**fields)
 
 
 def ledger(release, arm, window_start, *, requests, errors=0, latency_ms=1000.0, ttft_ms=100.0):
@@ -172,23 +172,28 @@ def test_operator_actions_change_the_release_and_record_who_did_what(routes, dja
     release = start(routes)
     assert (release.state, release.percent) == (State.RUNNING, Decimal("25.00"))
 
-    release = canary.set_percent(release, "40", actor=operator, reason="more traffic")
-    release = canary.step(release, actor=operator)
+    release = canary.canary_release_percent_set(release, "40", actor=operator, reason="more traffic")
+    release = canary.canary_release_step(release, actor=operator)
     assert release.percent == Decimal("50.00")
-    release = canary.pause(release, actor=operator)
+    release = canary.canary_release_pause(release, actor=operator)
     assert release.state == State.PAUSED
     with pytest.raises(canary.CanaryActionRefused, match="cannot pause"):
-        canary.pause(release)
-    release = canary.resume(release, actor=operator)
+        canary.canary_release_pause(release)
+    release = canary.canary_release_resume(release, actor=operator)
     with pytest.raises(canary.CanaryActionRefused, match="cannot resume"):
-        canary.resume(release)
-    release = canary.roll_back(release, "answers in the wrong language", actor=operator)
+        canary.canary_release_resume(release)
+    release = canary.canary_release_roll_back(release, "answers in the wrong language", actor=operator)
     assert (release.state, release.percent, release.ended_reason) == (
         State.ROLLED_BACK,
         Decimal("0"),
         "answers in the wrong language",
     )
-    for action in (canary.step, canary.promote, canary.pause, lambda r, **kw: canary.set_percent(r, 5, **kw)):
+    for action in (
+        canary.canary_release_step,
+        canary.canary_release_promote,
+        canary.canary_release_pause,
+        lambda r, **kw: canary.canary_release_percent_set(r, 5, **kw),
+    ):
         with pytest.raises(canary.CanaryActionRefused, match="rolled back"):
             action(release)
 
@@ -209,12 +214,12 @@ def test_percent_is_validated(routes):
     release = start(routes)
     for bad in ("-1", "100.01", "lots"):
         with pytest.raises(canary.CanaryActionRefused, match="percent must be"):
-            canary.set_percent(release, bad)
-    assert canary.set_percent(release, "12.345").percent == Decimal("12.34")  # 0.01 steps
+            canary.canary_release_percent_set(release, bad)
+    assert canary.canary_release_percent_set(release, "12.345").percent == Decimal("12.34")  # 0.01 steps
 
 
 def test_set_percent_100_keeps_the_release_running(routes):
-    release = canary.set_percent(start(routes), 100)
+    release = canary.canary_release_percent_set(start(routes), 100)
     assert (release.state, release.percent) == (State.RUNNING, Decimal("100.00"))
     assert canary.arm_for(routes[0], "anyone") == (release, canary.CANARY)
 
@@ -222,7 +227,7 @@ def test_set_percent_100_keeps_the_release_running(routes):
 def test_a_step_is_capped_at_100_and_reaching_it_promotes_the_canary_target_onto_the_stable_route(routes):
     stable, candidate = routes
     release = start(routes, percent=Decimal("95"))
-    release = canary.step(release)
+    release = canary.canary_release_step(release)
     assert (release.state, release.percent) == (State.PROMOTED, Decimal("100"))
     stable.refresh_from_db()
     assert (stable.name, stable.is_default, stable.provider_id, stable.max_tokens, stable.temperature) == (
@@ -280,7 +285,7 @@ def test_an_operator_edit_waits_for_the_analysis_row_lock_and_loses_nothing(rout
 
     def operator():
         try:
-            canary.set_percent(release.pk, 60)
+            canary.canary_release_percent_set(release.pk, 60)
             done.set()
         finally:
             connection.close()
@@ -500,7 +505,7 @@ def test_auto_promote_steps_on_each_healthy_window_then_promotes(routes):
 
 def test_a_paused_release_is_never_promoted_but_is_still_rolled_back(routes):
     release = start(routes, auto_promote=True, failing_windows_to_rollback=1)
-    canary.pause(release)
+    canary.canary_release_pause(release)
     ledger(release, canary.CANARY, window(release, 0), requests=30)
     ledger(release, canary.CANARY, window(release, 1), requests=30, errors=30)
     assert canary.analyse_releases(now=end_of(release, 0))[0]["action"] == ""

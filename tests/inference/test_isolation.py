@@ -140,7 +140,7 @@ def test_a_handed_over_request_runs_on_past_the_events_it_expects_and_only_once(
     events = events_of(lost)
     assert kinds(events) == ["retry", "delta", "error"]
     assert events[-1][1]["message"].startswith("interrupted: the worker running this request was lost after 2 events")
-    ledger.drain()
+    ledger.usage_records_store()
     row = UsageRecord.objects.get(request_id=lost)
     assert (row.status, row.error_class, row.completion_tokens, row.attempts, row.route_id) == (
         "error",

@@ -61,7 +61,7 @@ def test_rotation_is_least_recently_used_across_three_keys(upstream_server):
         assert (row.success_count, row.consecutive_failures, row.status) == (2, 0, UpstreamKey.Status.ACTIVE)
         assert row.last_used_at is not None
     # The next pick is the least recently used: a, whose last use is the oldest.
-    assert keypool.pick(provider.id).id == keys[0][0].id
+    assert keypool.upstream_key_pick(provider.id).id == keys[0][0].id
 
 
 def test_a_pick_skips_a_key_another_transaction_holds_and_waits_when_all_are_held(upstream_server):
@@ -72,7 +72,7 @@ def test_a_pick_skips_a_key_another_transaction_holds_and_waits_when_all_are_hel
 
     with psycopg.connect(url) as other:  # holds the least recently used key's row
         other.execute("SELECT id FROM inference_upstreamkey WHERE id = %s FOR UPDATE", [first.id])
-        assert keypool.pick(provider.id).id == second.id
+        assert keypool.upstream_key_pick(provider.id).id == second.id
 
     # Every usable row held: the pick still answers, with the least recently used key, once
     # the holder lets go (no "no key" while keys exist).
@@ -89,7 +89,7 @@ def test_a_pick_skips_a_key_another_transaction_holds_and_waits_when_all_are_hel
     try:
         assert held.wait(10)
         threading.Timer(0.3, release.set).start()
-        assert keypool.pick(provider.id).id == first.id
+        assert keypool.upstream_key_pick(provider.id).id == first.id
     finally:
         release.set()
         holder.join(10)
@@ -99,13 +99,13 @@ def test_exclude_skips_keys_and_none_is_returned_when_nothing_is_usable(upstream
     provider = provider_make(upstream_server)
     first, _ = key_make(provider, "first")
     second, _ = key_make(provider, "second")
-    assert keypool.pick(provider.id, exclude={first.id}).id == second.id
-    assert keypool.pick(provider.id, exclude={first.id, second.id}) is None
+    assert keypool.upstream_key_pick(provider.id, exclude={first.id}).id == second.id
+    assert keypool.upstream_key_pick(provider.id, exclude={first.id, second.id}) is None
     UpstreamKey.objects.filter(id=first.id).update(status=UpstreamKey.Status.DISABLED)
     UpstreamKey.objects.filter(id=second.id).update(
         status=UpstreamKey.Status.COOLING_DOWN, cooldown_until=timezone.now() + timedelta(seconds=30)
     )
-    assert keypool.pick(provider.id) is None
+    assert keypool.upstream_key_pick(provider.id) is None
 
 
 # --------------------------------------------------------------------------- rate limits
@@ -182,7 +182,7 @@ def test_the_exponential_cooldown_is_capped(upstream_server, settings):
     key, _ = key_make(provider)
     UpstreamKey.objects.filter(id=key.id).update(consecutive_failures=40)
     before = time.time()
-    state = keypool.report_failure(key.id, kind="rate_limited", message="HTTP 429", provider_name=provider.name)
+    state = keypool.upstream_key_failed(key.id, kind="rate_limited", message="HTTP 429", provider_name=provider.name)
     assert state.status == "cooling_down" and state.consecutive_failures == 41
     assert 2.9 <= state.cooldown_until.timestamp() - before <= 3.5
 
@@ -208,7 +208,7 @@ def test_a_401_disables_the_key_with_the_reason_and_it_is_never_used_again(upstr
     reason = revoked.disabled_reason
     assert provider.name in reason and "HTTP 401" in reason and "re-enable it here" in reason
     assert revoked_secret not in reason and revoked_secret not in revoked.last_error
-    assert keypool.pick(provider.id, exclude=set()) is not None  # the good one
+    assert keypool.upstream_key_pick(provider.id, exclude=set()) is not None  # the good one
 
     # An operator re-enables it (the admin sets the status): it is in the rotation again.
     upstream_script(upstream_server, revoked_secret, [])
@@ -248,13 +248,13 @@ def test_decrypted_secrets_are_cached_per_key_and_ciphertext(upstream_server, mo
     real = keypool.decrypt
     monkeypatch.setattr(keypool, "decrypt", lambda token: calls.append(token) or real(token))
     keypool.plaintext.cache_clear()
-    picked = [keypool.pick(provider.id) for _ in range(3)]
+    picked = [keypool.upstream_key_pick(provider.id) for _ in range(3)]
     assert [p.secret() for p in picked] == [secret] * 3
     assert len(calls) == 1
     # A replaced secret is a new entry.
     key.set_secret(secret + "-new")
     key.save()
-    assert keypool.pick(provider.id).secret() == secret + "-new"
+    assert keypool.upstream_key_pick(provider.id).secret() == secret + "-new"
     assert len(calls) == 2
 
 
@@ -357,4 +357,4 @@ def test_availability_is_one_query(upstream_server, django_assert_num_queries):
         available = keypool.availability(route_id=route.id)
     assert (available.usable, available.keys, len(available.providers)) == (1, 1, 2)
     with django_assert_num_queries(1):
-        keypool.pick(provider.id)
+        keypool.upstream_key_pick(provider.id)

@@ -67,14 +67,16 @@ def test_using_a_key_leaves_the_version_and_a_cooldown_moves_it():
     key, _ = key_make(provider)
     before = version()
 
-    assert keypool.pick(provider.id).id == key.id
-    keypool.report_success(key.id)
+    assert keypool.upstream_key_pick(provider.id).id == key.id
+    keypool.upstream_key_succeeded(key.id)
     assert version() == before
 
-    keypool.report_failure(key.id, kind="rate_limited", message="429", provider_name=provider.name, retry_after_s=30)
+    keypool.upstream_key_failed(
+        key.id, kind="rate_limited", message="429", provider_name=provider.name, retry_after_s=30
+    )
     after_cooldown = version()
     assert after_cooldown > before
-    keypool.report_failure(key.id, kind="server_error", message="500", provider_name=provider.name)
+    keypool.upstream_key_failed(key.id, kind="server_error", message="500", provider_name=provider.name)
     assert version() == after_cooldown  # counted, but the key is as usable as it was
 
 

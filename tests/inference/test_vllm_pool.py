@@ -150,7 +150,7 @@ def test_a_request_the_engine_refuses_fails_with_the_engines_reason_once(ngram_p
     events = list(stream_read(plan.request_id, block_ms=60000))
     deadline = time.monotonic() + 30  # the worker stores the row right after the stream's end
     while not UsageRecord.objects.filter(request_id=plan.request_id).exists() and time.monotonic() < deadline:
-        ledger.drain()
+        ledger.usage_records_store()
         time.sleep(0.2)
 
     [(_, kind, error)] = events

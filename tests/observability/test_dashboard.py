@@ -143,7 +143,7 @@ def test_a_web_process_exposes_every_family_the_dashboard_uses(start_web, tmp_pa
     workspace = workspace_create(name="Acme", slug="acme")
     collection = collection_create(workspace=workspace, name="Handbook")
     ingest_texts(collection, {"robot.md": "# Atlas-7 robot\n\nThe Atlas-7 robot runs for 10 hours on one charge."})
-    _, token = client_keys.create(workspace, "search", scopes=["search"])
+    _, token = client_keys.client_key_create(workspace, "search", scopes=["search"])
     # A fresh multiprocess folder, as in production: every family is listed (HELP/TYPE) from
     # the first scrape, even those only workers record (none runs here).
     env = {"RAGSITE_ENV": "development", "METRICS_TOKEN": "", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")}

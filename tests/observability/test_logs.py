@@ -37,7 +37,7 @@ def test_a_request_id_follows_a_question_to_the_worker_and_the_ledger(
     workspace = workspace_create(name="Acme", slug="acme")
     collection = collection_create(workspace=workspace, name="Handbook")
     ingest_texts(collection, {"robot.md": "# Atlas-7 robot\n\nThe Atlas-7 robot runs for 10 hours on one charge."})
-    _, token = client_keys.create(workspace, "integration", scopes=["search", "generate"])
+    _, token = client_keys.client_key_create(workspace, "integration", scopes=["search", "generate"])
     provider = provider_make(upstream_server)
     key_make(provider)
     route_make(provider, is_default=True)
@@ -59,7 +59,7 @@ def test_a_request_id_follows_a_question_to_the_worker_and_the_ledger(
         # A header that is not a sane token is replaced by a fresh id, never echoed.
         refused = requests.get(f"{base_url}/healthz", headers={"X-Request-ID": "<not a token>"}, timeout=30)
         assert refused.headers["X-Request-ID"] != "<not a token>" and len(refused.headers["X-Request-ID"]) == 32
-        ledger.drain()
+        ledger.usage_records_store()
         worker_log = worker.log()
     web_log = next(iter(tmp_path.glob("web-*.log"))).read_text()
 
@@ -124,6 +124,6 @@ def test_a_row_written_by_a_dead_workers_parent_keeps_the_request_id(upstream_se
         request_id_var.reset(token)
     # The pool process died; its parent (no request id of its own) ends the stream and queues the row.
     assert lost_generation_end(plan.request_id, payload, "the worker process running this request died")
-    ledger.drain()
+    ledger.usage_records_store()
     row = UsageRecord.objects.get(request_id=plan.request_id)
     assert (row.status, row.trace_id) == ("error", "trace-from-the-web-0123")

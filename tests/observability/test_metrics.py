@@ -74,8 +74,10 @@ def test_metrics_of_every_process_after_real_traffic(start_web, start_worker, up
     remote = route_make(failing, fallbacks=(backup,))
     # A live release at 0 %: every client of "pool" is on its stable arm.
     CanaryRelease.objects.create(name="next", stable_route=pool_route, canary_route=backup, percent=Decimal("0"))
-    budgeted, search_token = client_keys.create(workspace, "search", scopes=["search"], monthly_budget_usd=10)
-    _, generate_token = client_keys.create(workspace, "generate", scopes=["generate"])
+    budgeted, search_token = client_keys.client_key_create(
+        workspace, "search", scopes=["search"], monthly_budget_usd=10
+    )
+    _, generate_token = client_keys.client_key_create(workspace, "generate", scopes=["generate"])
 
     env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prometheus")}
     with (

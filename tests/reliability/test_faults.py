@@ -148,7 +148,7 @@ def test_a_gpu_worker_killed_whole_mid_answer_fails_the_answer_with_its_ledger_r
         stored = final_answer(answer.pk, 60)
         recovered_s = time.monotonic() - killed_at
         log = second.log()
-    ledger.drain(claim_idle_ms=0)
+    ledger.usage_records_store(claim_idle_ms=0)
 
     kinds = [kind for _, kind, _ in seen]
     assert kinds[-1] == "error" and set(kinds[:-1]) == {"delta"}
@@ -187,7 +187,7 @@ def test_every_key_rate_limited_is_503_with_retry_after_and_refused_at_the_door(
     for secret in secrets:
         upstream_script(upstream_server, secret, [{"status": 429, "retry_after": "30", "repeat": True}])
     Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=32)
-    _, token = client_keys.create(corpus, "rate", scopes=["generate"])
+    _, token = client_keys.client_key_create(corpus, "rate", scopes=["generate"])
     headers = {"Authorization": f"Bearer {token}"}
 
     with start_worker(["remote", "default"], pool="threads", concurrency=4) as worker, start_web() as base_url:
@@ -221,7 +221,7 @@ def test_every_key_rate_limited_is_503_with_retry_after_and_refused_at_the_door(
     assert all("cooling down after rate limits" in body["error"]["message"] for _, _, body in refused)
     assert waiting == 0 and active == []
     assert [len(upstream_log(upstream_server, s)) for s in secrets] == [1, 1]  # no call while cooling
-    ledger.drain(claim_idle_ms=0)
+    ledger.usage_records_store(claim_idle_ms=0)
     [record] = UsageRecord.objects.filter(kind="generation")  # the one that ran; refusals cost nothing
     assert (record.status, record.error_class, record.attempts) == ("error", "unavailable", 2)
     statuses = list(Answer.objects.values_list("status", flat=True))
@@ -268,7 +268,7 @@ def serving(start_worker, start_web, upstream_server, corpus):
     provider = provider_make(upstream_server)
     _, secret = key_make(provider, "main")
     Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=32)
-    _, token = client_keys.create(corpus, "traffic", scopes=["search", "generate"])
+    _, token = client_keys.client_key_create(corpus, "traffic", scopes=["search", "generate"])
     with start_worker(["remote", "default"], pool="threads", concurrency=4) as worker, start_web() as base_url:
         yield {
             "base_url": base_url,
@@ -350,7 +350,7 @@ def test_postgres_restarted_loses_nothing_committed_and_the_same_processes_serve
     assert (status, before["status"]) == (200, "done"), before
     answers_before = set(map(str, Answer.objects.values_list("pk", flat=True)))
     chunks_before = Chunk.objects.count()
-    ledger.drain(claim_idle_ms=0)
+    ledger.usage_records_store(claim_idle_ms=0)
     rows_before = UsageRecord.objects.filter(kind="generation").count()
     assert rows_before == 1
 
@@ -364,6 +364,6 @@ def test_postgres_restarted_loses_nothing_committed_and_the_same_processes_serve
     assert Chunk.objects.count() == chunks_before
     assert Answer.objects.get(pk=before["id"]).text == before["text"]
     statuses = no_answer_left_pending()
-    ledger.drain(claim_idle_ms=0)
+    ledger.usage_records_store(claim_idle_ms=0)
     assert UsageRecord.objects.filter(kind="generation").count() == rows_before + 1  # the answer after
     print(f"\npostgres: {len(during)} requests failed in the gap, served again {seconds:.1f} s later, {statuses}")

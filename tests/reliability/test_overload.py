@@ -74,7 +74,7 @@ def site(upstream_server):
     upstream_key.save()
     Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=32)
     redis_client().delete(*queue_lists(QUEUE), backpressure.reservations_key(QUEUE))
-    _, token = client_keys.create(workspace, "load", scopes=["search", "generate"])
+    _, token = client_keys.client_key_create(workspace, "load", scopes=["search", "generate"])
     return token
 
 

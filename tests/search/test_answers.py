@@ -163,7 +163,9 @@ def test_a_key_whose_budget_is_spent_is_refused_before_anything_is_sent(corpus, 
     workspace, _ = corpus
     _, api_key = remote_provider(upstream_server)
     Price.objects.create(model="stand-in-7b", input_usd_per_million=Decimal("1"), output_usd_per_million=Decimal("2"))
-    client_key, _ = client_keys.create(workspace, "spent", scopes=["generate"], monthly_budget_usd=Decimal("0.00"))
+    client_key, _ = client_keys.client_key_create(
+        workspace, "spent", scopes=["generate"], monthly_budget_usd=Decimal("0.00")
+    )
 
     with pytest.raises(limits.LimitExceeded) as caught:
         answer_create(workspace=workspace, question="How does lift change?", client_key=client_key)
@@ -393,7 +395,9 @@ def test_an_answer_end_to_end_on_an_openai_compatible_upstream_with_citations(wo
     price = Price.objects.create(
         model="stand-in-7b", input_usd_per_million=Decimal("0.5"), output_usd_per_million=Decimal("1.5")
     )
-    client_key, _ = client_keys.create(workspace, "integration", scopes=["generate"], monthly_budget_usd=Decimal(1))
+    client_key, _ = client_keys.client_key_create(
+        workspace, "integration", scopes=["generate"], monthly_budget_usd=Decimal(1)
+    )
 
     answer = answer_create(
         workspace=workspace, question=question, asker=asker, client_id="key-7", client_key=client_key

@@ -281,7 +281,7 @@ def test_embedding_calls_are_on_the_ledger_one_row_per_document(collection):
     handbook = ingest(collection, "handbook.md", HANDBOOK)
     other = ingest(collection, "notes.txt", "Travel insurance covers lost luggage up to 1000 EUR per trip.")
 
-    assert ledger.drain() == 2
+    assert ledger.usage_records_store() == 2
 
     rows = {row.workspace_id: row for row in UsageRecord.objects.filter(kind=UsageRecord.Kind.EMBEDDING)}
     assert list(rows) == [collection.workspace_id]

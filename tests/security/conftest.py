@@ -56,7 +56,7 @@ def _tenant_fill(workspace: Workspace, collection: Collection, texts: dict[str, 
     )
     Document.objects.filter(pk=failed.pk).update(status=Document.Status.FAILED, error="the parser failed")
     failed.refresh_from_db()
-    key, token = client_keys.create(workspace, f"{workspace.slug} key", scopes=ALL_SCOPES)
+    key, token = client_keys.client_key_create(workspace, f"{workspace.slug} key", scopes=ALL_SCOPES)
     user = get_user_model().objects.create_user(username=f"{workspace.slug}-member", password=PASSWORD)
     Membership.objects.create(workspace=workspace, user=user)
     answer = answer_create(workspace=workspace, question=question, asker=user, client_key=key)

@@ -330,7 +330,7 @@ def test_openai_endpoints_refuse_any_body_with_a_4xx_in_openais_shape(path, bodi
     check()
     # The embeddings' ledger rows, queued in Redis, are stored now, in this test's transaction
     # (rolled back): a later test draining the ledger would otherwise store them in its own.
-    ledger.drain()
+    ledger.usage_records_store()
     print(path, "statuses:", dict(statuses))
     assert statuses[400] > 0  # (what the shapes reach: both refusals and answers)
     assert statuses[200] > 0

@@ -50,7 +50,7 @@ def corpus(db):
     workspace = workspace_create(name="Acme", slug="acme")
     collection = collection_create(workspace=workspace, name="Handbook")
     ingest_texts(collection, {"robot.md": HOSTILE_TEXT})
-    _, token = client_keys.create(workspace, "hostile", scopes=["search", "documents"])
+    _, token = client_keys.client_key_create(workspace, "hostile", scopes=["search", "documents"])
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     return api, collection

@@ -27,7 +27,7 @@ def connect(base_url: str) -> http.client.HTTPConnection:
 def test_an_oversized_body_is_refused_before_it_is_read(start_web, tmp_path):
     workspace = workspace_create(name="Acme", slug="acme")
     collection = collection_create(workspace=workspace, name="Handbook")
-    _, token = client_keys.create(workspace, "uploads", scopes=["documents"])
+    _, token = client_keys.client_key_create(workspace, "uploads", scopes=["documents"])
     boundary = "b0undary"
 
     def part_head(file_name: str) -> bytes:

@@ -70,7 +70,7 @@ def collection(db, media):
 
 @pytest.fixture
 def api(collection) -> APIClient:
-    _, token = client_keys.create(collection.workspace, "fuzz key", scopes=["documents"])
+    _, token = client_keys.client_key_create(collection.workspace, "fuzz key", scopes=["documents"])
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     return client

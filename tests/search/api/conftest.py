@@ -44,7 +44,7 @@ def make_key(acme):
     """``make_key("search", "generate", workspace=..., requests_per_minute=...)``: a new key's token."""
 
     def make(*scopes: str, workspace=None, **options) -> str:
-        _, token = client_keys.create(workspace or acme, "test key", scopes=list(scopes), **options)
+        _, token = client_keys.client_key_create(workspace or acme, "test key", scopes=list(scopes), **options)
         return token
 
     return make

@@ -58,8 +58,8 @@ def test_bad_expired_and_revoked_keys_are_401(case, code, acme, make_key, client
     elif case == "expired":
         token = make_key("admin", expires_at=timezone.now() - timedelta(seconds=1))
     else:
-        key = client_keys.authenticate(token)
-        client_keys.revoke(key)
+        key = client_keys.client_key_authenticate(token)
+        client_keys.client_key_revoke(key)
     for method, path in [("get", "/api/v1/collections"), ("post", "/api/v1/answers"), ("get", "/api/v1/usage")]:
         response = getattr(client_for(token), method)(path, {"question": "x"} if method == "post" else None)
         assert response.status_code == 401, (path, response.content)

@@ -87,7 +87,7 @@ def read_events(url: str, token: str, last_event_id: str | None = None) -> list[
 def test_an_extractive_answer_streams_over_uvicorn_and_resumes(live):
     workspace = workspace_create(name="Acme", slug="acme")
     ingest(collection_create(workspace=workspace, name="Handbook"), DOCUMENTS)
-    _, token = client_keys.create(workspace, "live", scopes=["generate"])
+    _, token = client_keys.client_key_create(workspace, "live", scopes=["generate"])
 
     status, headers, answer = call(
         "POST", f"{live}/api/v1/answers", token, {"question": "How long does charging take?"}
@@ -112,7 +112,7 @@ def test_an_extractive_answer_streams_over_uvicorn_and_resumes(live):
 def test_upload_ingest_and_a_generated_answer_streamed_delta_by_delta(live, media_root, start_worker, upstream_server):
     workspace = workspace_create(name="Acme", slug="acme")
     collection = collection_create(workspace=workspace, name="Handbook")
-    _, token = client_keys.create(workspace, "live", scopes=["admin"])
+    _, token = client_keys.client_key_create(workspace, "live", scopes=["admin"])
     provider = Provider.objects.create(
         name="stand-in", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url=upstream_server, model="stand-in-7b",
         context_window=4096, first_token_timeout_s=20, total_timeout_s=60,

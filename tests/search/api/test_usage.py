@@ -29,9 +29,9 @@ def record(
 
 
 def test_usage_is_the_calling_keys_month_per_model_with_exact_costs(acme, other, client_for):
-    key, token = client_keys.create(acme, "ci", scopes=["search"], requests_per_minute=60)
-    neighbour, _ = client_keys.create(acme, "neighbour", scopes=["admin"])
-    stranger, _ = client_keys.create(other, "stranger", scopes=["admin"])
+    key, token = client_keys.client_key_create(acme, "ci", scopes=["search"], requests_per_minute=60)
+    neighbour, _ = client_keys.client_key_create(acme, "neighbour", scopes=["admin"])
+    stranger, _ = client_keys.client_key_create(other, "stranger", scopes=["admin"])
     now = timezone.now()
     last_month = now.replace(day=1) - timedelta(days=1)
     record(key, cost="0.000125")

@@ -50,7 +50,7 @@ def client_for(site: str, token: str) -> openai.OpenAI:
 
 
 def key_for(workspace, *scopes: str, **limits) -> str:
-    _, token = client_keys.create(workspace, f"key-{uuid.uuid4().hex[:6]}", scopes=list(scopes), **limits)
+    _, token = client_keys.client_key_create(workspace, f"key-{uuid.uuid4().hex[:6]}", scopes=list(scopes), **limits)
     return token
 
 
@@ -143,7 +143,7 @@ def test_embeddings_are_the_built_in_models_and_are_billed_to_the_key(site, work
     single = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0], encoding_format="float")
     assert np.allclose(single.data[0].embedding, response.data[0].embedding, atol=1e-3)
 
-    ledger.drain()
+    ledger.usage_records_store()
     rows = UsageRecord.objects.filter(kind=UsageRecord.Kind.EMBEDDING, client_key__isnull=False)
     assert sorted(rows.values_list("prompt_tokens", flat=True)) == sorted([tokens, single.usage.prompt_tokens])
     assert set(rows.values_list("workspace_id", "model")) == {(workspace.pk, "all-MiniLM-L6-v2")}
@@ -333,6 +333,6 @@ def test_a_gpu_pool_reports_its_engines_figures_and_options_choose_between_pools
     assert asked.inference_time_ms > 0
     # Greedy on the same pool: speculation changes the speed, never the text.
     assert unasked.choices[0].message.content == asked.choices[0].message.content
-    ledger.drain()
+    ledger.usage_records_store()
     assert UsageRecord.objects.get(request_id=answer_of(asked.id).pk).provider_id == speculating.pk
     assert UsageRecord.objects.get(request_id=answer_of(off.id).pk).provider_id == plain.pk
