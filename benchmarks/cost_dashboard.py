@@ -24,11 +24,11 @@ units of 1e-12 USD); rows without a price keep a NULL cost.
 Timed, as the dashboard computes them (the same functions of ``billing.dashboard``), after
 one warm-up, median of ``--runs``:
 
-- ``summary_ms``: ``monthly_summary`` over the months of the data (4 or 5 months, the
+- ``summary_ms``: ``usage_summary`` over the months of the data (4 or 5 months, the
   current one projected), from the daily rollup;
 - ``comparison_ms``: ``compare_arms`` for the live release over its 30 days, from the
   ledger's rows (exact p99); ``comparison_ended_ms`` for the rolled-back one;
-- ``charts_ms``: ``daily_series`` over the last 30 days, from the rollups.
+- ``charts_ms``: ``usage_daily_series`` over the last 30 days, from the rollups.
 
 For the choice between a rollup and indexes: ``summary_from_ledger_ms`` is the same summary
 computed from the ledger itself (one GROUP BY over the months' rows, parallel scan), checked
