@@ -2,8 +2,8 @@
 
 Where each figure comes from
 ----------------------------
-- Monthly cost (``monthly_summary``, ``summary_csv``) and the daily charts
-  (``daily_series``) read the daily rollups ``billing_usagedaily`` and
+- Monthly cost (``usage_summary``, ``summary_csv``) and the daily charts
+  (``usage_daily_series``) read the daily rollups ``billing_usagedaily`` and
   ``billing_usagelatency`` (migration 0004), which PostgreSQL triggers on the ledger keep
   equal to the ledger's own sums, in the same transaction as each insert (the drain needs
   to call nothing). A month is at most a few thousand rollup rows whatever the traffic, so

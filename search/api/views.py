@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Count
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -24,7 +24,7 @@ from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
-from billing.models import UsageRecord
+from billing.selectors import usage_month_by_model
 from search.answers import answer_create, answer_stream_read
 from search.api import serializers as api
 from search.api.auth import ClientKeyAuthentication, Scope, WorkspaceAccess
@@ -501,33 +501,22 @@ class UsageView(ApiView):
         year, number = map(int, month.split("-"))
         access = request.access
         # Days and months are UTC (TIME_ZONE), as on the billing dashboards.
-        rows = UsageRecord.objects.filter(created_at__year=year, created_at__month=number)
         if access.key is not None:
-            rows = rows.filter(client_key=access.key)
+            per_model = usage_month_by_model(month=date(year, number, 1), client_key_id=access.key.pk)
         else:
-            rows = rows.filter(user=access.user, workspace=self.workspace)
-        per_model = (
-            rows.values("model", "provider_name")
-            .annotate(
-                requests=Count("id"),
-                errors=Count("id", filter=Q(status=UsageRecord.Status.ERROR)),
-                prompt_tokens=Sum("prompt_tokens"),
-                completion_tokens=Sum("completion_tokens"),
-                cost=Sum("cost_usd"),
-                unpriced=Count("id", filter=Q(cost_usd__isnull=True)),
+            per_model = usage_month_by_model(
+                month=date(year, number, 1), user_id=access.user.pk, workspace_id=self.workspace.pk
             )
-            .order_by("model", "provider_name")
-        )
         models = [
             {
                 "model": row["model"],
-                "provider": row["provider_name"],
+                "provider": row["provider"],
                 "requests": row["requests"],
                 "errors": row["errors"],
                 "prompt_tokens": row["prompt_tokens"],
                 "completion_tokens": row["completion_tokens"],
                 "total_tokens": row["prompt_tokens"] + row["completion_tokens"],
-                "cost_usd": row["cost"] or 0,
+                "cost_usd": row["cost_usd"],
                 "unpriced_requests": row["unpriced"],
             }
             for row in per_model
