@@ -69,6 +69,8 @@ class Membership(models.Model):
 
 
 class Collection(models.Model):
+    workspace_path = "workspace"  # search.scoping: how a front door finds its rows
+
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="collections")
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
@@ -95,6 +97,8 @@ class Collection(models.Model):
 
 
 class Document(models.Model):
+    workspace_path = "collection__workspace"  # search.scoping: how a front door finds its rows
+
     class Status(models.TextChoices):
         QUEUED = "queued", "Queued"
         PARSING = "parsing", "Parsing"
@@ -143,6 +147,8 @@ class Chunk(models.Model):
     ``text == document_text[start_offset:end_offset]``. Written only by the ingestion
     pipeline, all chunks of a document in one transaction.
     """
+
+    workspace_path = "collection__workspace"  # search.scoping: how a front door finds its rows
 
     document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="chunks")
     # Denormalised from the document so that filters and indexes need no join.
@@ -208,6 +214,8 @@ class Answer(models.Model):
     Its ``id`` is also the generation's request id: the token stream is ``gen:<id>`` and the
     ledger row carries the same id.
     """
+
+    workspace_path = "workspace"  # search.scoping: how a front door finds its rows
 
     class Status(models.TextChoices):
         QUEUED = "queued", "Queued"

@@ -39,6 +39,7 @@ from search.answers import answer_stream_aread
 from search.api.auth import Access, Scope, access_resolve, workspace_slug_of
 from search.api.errors import ApiError, api_error_of, error_json, invalid
 from search.models import Answer
+from search.scoping import in_workspaces
 
 KEEPALIVE_SECONDS = 15.0
 STREAM_MAX_SECONDS = 300.0
@@ -118,7 +119,7 @@ async def answer_stream(request, answer_id):
                 raise invalid(name, f"{name} must be an event id such as 1700000000000-0 (or 0: from the start).")
         # EventSource's own header, when it reconnects, wins over the URL it was opened with.
         after = given["Last-Event-ID"] or given["after"] or "0"
-        answers = Answer.objects.filter(pk=answer_id, workspace=access.workspace).values_list("status", flat=True)
+        answers = in_workspaces(Answer, access.workspace).filter(pk=answer_id).values_list("status", flat=True)
         status_now = await sync_to_async(answers.first)()
         if status_now is None:
             raise exceptions.NotFound(f"No answer {answer_id} in this workspace.", code="not_found")

@@ -33,6 +33,7 @@ from search.api.pagination import ApiPagination, query_integer
 from search.api.schema import error_responses
 from search.api.throttling import ApiRateThrottle
 from search.models import Answer, Collection, Document
+from search.scoping import in_workspaces
 from search.selectors import SearchError, chunk_search
 from search.services import collection_create, document_delete, document_retry, documents_upload
 
@@ -70,6 +71,10 @@ class ApiView(GenericAPIView):
     def workspace(self):
         return self.request.access.workspace
 
+    def scoped(self, model):
+        """``model``'s rows in the caller's workspace: every tenant read of these views (search.scoping)."""
+        return in_workspaces(model, self.workspace)
+
 
 def query_data(request, *lists: str) -> dict:
     """The query parameters as plain data for a serializer: one value each, all values of
@@ -91,14 +96,14 @@ def _collections_check(workspace, collection_ids: list[int] | None) -> None:
     whether another workspace has them or nobody does."""
     if collection_ids is None:
         return
-    found = set(Collection.objects.filter(workspace=workspace, pk__in=collection_ids).values_list("pk", flat=True))
+    found = set(in_workspaces(Collection, workspace).filter(pk__in=collection_ids).values_list("pk", flat=True))
     missing = sorted(set(collection_ids) - found)
     if missing:
         raise invalid("collections", f"No collection {', '.join(map(str, missing))} in this workspace.")
 
 
 def _collections(workspace):
-    return Collection.objects.filter(workspace=workspace).annotate(document_count=Count("documents"))
+    return in_workspaces(Collection, workspace).annotate(document_count=Count("documents"))
 
 
 # --------------------------------------------------------------------------- collections
@@ -132,7 +137,7 @@ class CollectionListView(ApiView):
         serializer = api.CollectionCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         name = serializer.validated_data["name"]
-        if Collection.objects.filter(workspace=self.workspace, name=name).exists():
+        if self.scoped(Collection).filter(name=name).exists():
             raise ApiError(
                 status.HTTP_409_CONFLICT, "conflict", f"The workspace has a collection named {name!r}.", field="name"
             )
@@ -167,7 +172,7 @@ class DocumentListView(ApiView):
     parser_classes = [MultiPartParser]
 
     def get_queryset(self):
-        return Document.objects.filter(collection__workspace=self.workspace)
+        return self.scoped(Document)
 
     @extend_schema(
         operation_id="documents_list",
@@ -182,7 +187,7 @@ class DocumentListView(ApiView):
         documents = self.get_queryset().order_by("-created_at", "-id")
         if "collection" in filters.validated_data:
             collection_id = filters.validated_data["collection"]
-            if not Collection.objects.filter(workspace=self.workspace, pk=collection_id).exists():
+            if not self.scoped(Collection).filter(pk=collection_id).exists():
                 raise invalid("collection", f"No collection {collection_id} in this workspace.")
             documents = documents.filter(collection_id=collection_id)
         if "status" in filters.validated_data:
@@ -211,7 +216,7 @@ class DocumentListView(ApiView):
         upload = api.DocumentUploadSerializer(data=request.data)
         upload.is_valid(raise_exception=True)
         data = upload.validated_data
-        collection = Collection.objects.filter(workspace=self.workspace, pk=data["collection"]).first()
+        collection = self.scoped(Collection).filter(pk=data["collection"]).first()
         if collection is None:
             raise invalid("collection", f"No collection {data['collection']} in this workspace.")
         results = []
@@ -226,7 +231,7 @@ class DocumentListView(ApiView):
 
 
 def _document(workspace, document_id: int) -> Document:
-    document = Document.objects.filter(collection__workspace=workspace, pk=document_id).first()
+    document = in_workspaces(Document, workspace).filter(pk=document_id).first()
     if document is None:
         raise _not_found("document", document_id)
     return document
@@ -460,10 +465,7 @@ class AnswerDetailView(ApiView):
     )
     def get(self, request, answer_id):
         answer = (
-            Answer.objects.filter(workspace=self.workspace, pk=answer_id)
-            .select_related("route")
-            .prefetch_related("collections")
-            .first()
+            self.scoped(Answer).filter(pk=answer_id).select_related("route").prefetch_related("collections").first()
         )
         if answer is None:
             raise _not_found("answer", answer_id)

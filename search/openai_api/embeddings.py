@@ -34,6 +34,7 @@ from billing.models import ClientKey
 from search.embedders import DEFAULT_EMBEDDER, Embedder, EmbedderError, embedder_get
 from search.models import Collection
 from search.openai_api.errors import ApiError, from_domain, invalid, model_not_found
+from search.scoping import in_workspaces
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def request_parse(body) -> EmbeddingRequest:
 
 def _embedder_for(key: ClientKey, name: str) -> Embedder:
     """The embedder, if it is the built-in one or one of the key's workspace collections use."""
-    used = set(Collection.objects.filter(workspace_id=key.workspace_id).values_list("embedding_model", flat=True))
+    used = set(in_workspaces(Collection, key.workspace_id).values_list("embedding_model", flat=True))
     allowed = sorted({DEFAULT_EMBEDDER} | used)
     if name not in allowed:
         raise model_not_found(name, allowed)

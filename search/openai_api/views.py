@@ -30,6 +30,7 @@ from search.models import Collection
 from search.openai_api import chat as chat_api
 from search.openai_api import embeddings as embeddings_api
 from search.openai_api.errors import ApiError, from_domain, from_generation, invalid, model_not_found
+from search.scoping import in_workspaces
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def _models(key: ClientKey) -> list[dict]:
             found[name] = _model(name, "search")
         else:
             found[name] = _model(name, route.provider.name, int(route.created_at.timestamp()))
-    embedders = set(Collection.objects.filter(workspace_id=key.workspace_id).values_list("embedding_model", flat=True))
+    embedders = set(in_workspaces(Collection, key.workspace_id).values_list("embedding_model", flat=True))
     for name in sorted({DEFAULT_EMBEDDER} | embedders):
         found.setdefault(name, _model(name, "search"))
     return list(found.values())

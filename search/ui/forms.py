@@ -8,6 +8,7 @@ from django.conf import settings
 
 from search.answers import QUESTION_MAX_CHARS
 from search.models import Collection
+from search.scoping import in_workspaces
 
 MODE_CHOICES = [
     ("hybrid", "Hybrid (meaning and keywords)"),
@@ -34,7 +35,7 @@ class SearchForm(forms.Form):
 
     def __init__(self, *args, workspace, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["collection"].queryset = Collection.objects.filter(workspace=workspace).order_by("name")
+        self.fields["collection"].queryset = in_workspaces(Collection, workspace).order_by("name")
         self.fields["q"].widget.attrs.update({"type": "search", "autocomplete": "off", "spellcheck": "true"})
 
     def clean_mode(self) -> str:
@@ -72,7 +73,7 @@ class UploadForm(forms.Form):
 
     def __init__(self, *args, workspace, **kwargs):
         super().__init__(*args, **kwargs)
-        collections = Collection.objects.filter(workspace=workspace).order_by("name")
+        collections = in_workspaces(Collection, workspace).order_by("name")
         self.fields["collection"].queryset = collections
         megabytes = settings.DOCUMENT_MAX_BYTES / (1024 * 1024)
         self.fields["files"].help_text = f"Text, Markdown, HTML, PDF or Word (.docx), up to {megabytes:g} MB each."

@@ -15,6 +15,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from search.models import Chunk
 from search.prompting import citation_markers
+from search.scoping import in_workspaces
 
 
 def sources_by_number(sources: list[dict]) -> dict[int, dict]:
@@ -70,7 +71,9 @@ def passage_context(chunk: Chunk) -> PassageContext:
     """The chunk with the text of its neighbours around it. The document's text is not
     stored, but each chunk is an exact slice of it (overlapping its neighbours), so the
     previous and next chunks give the words before and after."""
-    siblings = Chunk.objects.filter(document_id=chunk.document_id, embedding_model=chunk.embedding_model)
+    siblings = in_workspaces(Chunk, chunk.document.collection.workspace_id).filter(
+        document_id=chunk.document_id, embedding_model=chunk.embedding_model
+    )
     neighbours = {
         neighbour.ordinal: neighbour
         for neighbour in siblings.filter(ordinal__in=[chunk.ordinal - 1, chunk.ordinal + 1]).only(

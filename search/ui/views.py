@@ -29,11 +29,12 @@ from django.views.decorators.http import require_GET, require_POST
 from inference.errors import RouteUnavailable
 from search.answers import AnswerError, answer_create, answer_stream_aread
 from search.models import Answer, Chunk, Document
+from search.scoping import in_workspaces
 from search.selectors import SearchError, chunk_search
 from search.services import DocumentRejected, document_delete, document_retry, documents_upload, source_name_clean
 from search.ui.forms import MODE_CHOICES, SearchForm, UploadForm
 from search.ui.rendering import answer_html, passage_context, sources_by_number
-from search.ui.workspaces import member_required, workspace_choose
+from search.ui.workspaces import member_required, user_workspaces, workspace_choose
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +76,11 @@ def search_page(request):
         except SearchError as exc:
             error = str(exc)
     names = {collection.pk: collection.name for collection in form.fields["collection"].queryset}
-    recent = Answer.objects.filter(workspace=request.workspace, asker=request.user).only(
-        "id", "question", "status", "mode", "created_at"
-    )[:RECENT_ON_SEARCH_PAGE]
+    recent = (
+        in_workspaces(Answer, request.workspace)
+        .filter(asker=request.user)
+        .only("id", "question", "status", "mode", "created_at")[:RECENT_ON_SEARCH_PAGE]
+    )
     return render(
         request,
         "search/search.html",
@@ -148,8 +151,10 @@ def answer_detail(request, answer_id):
 @member_required
 def answers(request):
     """The user's questions in the current workspace, newest first."""
-    mine = Answer.objects.filter(workspace=request.workspace, asker=request.user).only(
-        "id", "question", "status", "mode", "created_at"
+    mine = (
+        in_workspaces(Answer, request.workspace)
+        .filter(asker=request.user)
+        .only("id", "question", "status", "mode", "created_at")
     )
     page = Paginator(mine, ANSWERS_PER_PAGE).get_page(request.GET.get("page"))
     return render(request, "search/answers.html", {"page": page})
@@ -176,8 +181,7 @@ async def answer_events(request, answer_id):
 
 
 def _answer_visible(user, answer_id) -> bool:
-    answers = Answer.objects.filter(pk=answer_id)
-    return (answers if user.is_superuser else answers.filter(workspace__memberships__user=user)).exists()
+    return in_workspaces(Answer, user_workspaces(user)).filter(pk=answer_id).exists()
 
 
 async def _answer_event_stream(answer_id, after: str):
@@ -207,9 +211,10 @@ async def _answer_event_stream(answer_id, after: str):
 def passage(request, chunk_id):
     """A passage in its context; htmx (the citation dialog) gets the passage alone."""
     chunk = get_object_or_404(
-        Chunk.objects.select_related("document__collection").defer("embedding", "bm25", "tsv"),
+        in_workspaces(Chunk, request.workspaces)
+        .select_related("document__collection")
+        .defer("embedding", "bm25", "tsv"),
         pk=chunk_id,
-        collection__workspace__in=request.workspaces,
     )
     template = "search/_passage.html" if request.htmx else "search/passage.html"
     return render(request, template, {"passage": passage_context(chunk), "document": chunk.document})
@@ -246,7 +251,7 @@ _LISTED_FIELDS = (
 
 
 def _document_list(request, *, page_number=None, note: str = "") -> dict:
-    in_workspace = Document.objects.filter(collection__workspace=request.workspace)
+    in_workspace = in_workspaces(Document, request.workspace)
     listed = in_workspace.select_related("collection").only(*_LISTED_FIELDS)
     page = Paginator(listed, DOCUMENTS_PER_PAGE).get_page(page_number or request.GET.get("page"))
     counts = dict(in_workspace.order_by().values_list("status").annotate(count=Count("pk")))
@@ -307,9 +312,7 @@ def upload(request):
 
 
 def _member_document(request, document_id) -> Document:
-    return get_object_or_404(
-        Document.objects.select_related("collection"), pk=document_id, collection__workspace__in=request.workspaces
-    )
+    return get_object_or_404(in_workspaces(Document, request.workspaces).select_related("collection"), pk=document_id)
 
 
 def _after_document_action(request, note: str):

@@ -456,3 +456,26 @@ def test_a_tenant_sees_nothing_of_another_tenants_through(route, caller):
 
 def test_naming_another_workspace_is_not_found(caller):
     session_api_workspace(caller, "")
+
+
+def test_front_doors_read_tenant_rows_only_through_their_workspace_path():
+    """The views of the REST API, the OpenAI-compatible API and the UI never query a tenant model
+    directly: every tenant queryset comes from ``search.scoping.in_workspaces`` (``ApiView.scoped``),
+    which filters by the model's declared ``workspace_path``, so no view can forget the filter."""
+    from django.apps import apps
+
+    from tests.conftest import PROJECT_ROOT
+
+    tenant_models = sorted(model.__name__ for model in apps.get_models() if hasattr(model, "workspace_path"))
+    assert tenant_models == ["Answer", "Chunk", "Collection", "Document"]
+    direct = re.compile(rf"\b({'|'.join(tenant_models)})\.(objects|_default_manager)\b(?!\.none\(\))")
+    doors = sorted(
+        path for door in ("api", "openai_api", "ui") for path in (PROJECT_ROOT / "search" / door).glob("*.py")
+    )
+    found = [
+        f"{path.relative_to(PROJECT_ROOT)}:{number}: {line.strip()}"
+        for path in doors
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if direct.search(line)
+    ]
+    assert found == []

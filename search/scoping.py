@@ -1,0 +1,22 @@
+"""Tenant data is read through one door: each tenant model declares the path from its rows to
+their workspace (``workspace_path``), and ``in_workspaces`` derives every queryset a front door
+reads from it. The REST API's views (``ApiView.scoped``), the OpenAI-compatible API and the
+browser UI read tenant rows only this way (``tests/security/test_tenant_isolation.py`` checks
+that no front-door module queries a tenant model directly), so a view cannot forget the filter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db.models import Model, QuerySet
+
+from search.models import Workspace
+
+
+def in_workspaces(model: type[Model], workspaces: Workspace | int | Iterable[Workspace | int]) -> QuerySet:
+    """``model``'s rows that belong to ``workspaces``: one workspace (or its id) or several."""
+    path = model.workspace_path
+    if isinstance(workspaces, Workspace | int):
+        return model._default_manager.filter(**{path: workspaces})
+    return model._default_manager.filter(**{f"{path}__in": list(workspaces)})
