@@ -11,11 +11,23 @@ from __future__ import annotations
 
 import functools
 
+import django
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
-from django.db.backends.postgresql.base import ServerBindingCursor
+from django.db.backends.postgresql.base import DatabaseWrapper, ServerBindingCursor
 
 from inference.models import Provider, Route
+
+# ``cursor()`` wraps a server-binding cursor with Django's private ``_prepare_cursor``, as Django's
+# own ``cursor()`` does, to keep its error wrapping and query logging: the one private API this
+# module relies on, checked on the Django it was verified with (requirements.txt pins it).
+_DJANGO_VERIFIED = (5, 2)
+if django.VERSION[:2] != _DJANGO_VERIFIED or not hasattr(DatabaseWrapper, "_prepare_cursor"):
+    raise ImproperlyConfigured(
+        f"inference/rows.py uses Django's private DatabaseWrapper._prepare_cursor, verified on Django "
+        f"{'.'.join(map(str, _DJANGO_VERIFIED))}; this is {django.get_version()}: check it and update _DJANGO_VERIFIED"
+    )
 
 
 class Rows:

@@ -14,9 +14,11 @@ from __future__ import annotations
 import os
 from enum import StrEnum
 
+import kombu
 import redis
 from celery import Celery
 from celery.signals import task_postrun, task_prerun
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 from kombu import Queue as KombuQueue
 from kombu.transport.redis import Channel as RedisChannel
@@ -105,6 +107,16 @@ def _database_connections_checked(task=None, **_):
     runs inside its caller's transaction."""
     if task is not None and not getattr(task.request, "is_eager", False):
         close_old_connections()
+
+
+# The one patch of a library here (kombu's private Channel._connparams, below), checked on the
+# kombu it was verified with (requirements.txt pins it).
+_KOMBU_VERIFIED = (5, 7)
+if tuple(map(int, kombu.__version__.split(".")[:2])) != _KOMBU_VERIFIED or not hasattr(RedisChannel, "_connparams"):
+    raise ImproperlyConfigured(
+        f"ragsite/celery.py patches kombu's private redis Channel._connparams, verified on kombu "
+        f"{'.'.join(map(str, _KOMBU_VERIFIED))}; this is {kombu.__version__}: check it and update _KOMBU_VERIFIED"
+    )
 
 
 def _connparams_of_open_channels(connparams):
