@@ -57,6 +57,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import redis
 from django.conf import settings
@@ -167,193 +168,19 @@ def reservation_ttl_s() -> float:
 
 # --------------------------------------------------------------------------- Lua
 
-# Shared by the scripts. Amounts are canonical decimal strings of non-negative integers
-# (Python's str(int) and Redis's replies): compared by length then lexically, changed only by
-# HINCRBY with the string itself (a Lua number would be a double). Times and token counts
-# are numbers: microseconds since 1970 stay below 2^53, exact in a double.
-_LUA_COMMON = """
-local function less(a, b)
-    if #a ~= #b then return #a < #b end
-    return a < b
-end
+# The scripts live in billing/lua/, each with its KEYS, ARGV and replies; common.lua holds the
+# helpers the others use (and the rule for amounts: canonical decimal strings, never doubles).
+_LUA = Path(__file__).resolve().parent / "lua"
 
-local function subtract(key, field, amount)
-    if amount ~= '0' then redis.call('HINCRBY', key, field, '-' .. amount) end
-end
 
--- unpack() is bounded by Lua's stack: long lists go in slices.
-local function each_slice(items, fn)
-    for i = 1, #items, 1000 do
-        fn({unpack(items, i, math.min(i + 999, #items))})
-    end
-end
+def _lua(*names: str) -> str:
+    return "\n".join((_LUA / f"{name}.lua").read_text() for name in names)
 
--- Window entries admitted at or before the cutoff (now - 60 s) leave, with their tokens.
-local function prune_window(window, tokens, token_sum, cutoff)
-    local old = redis.call('ZRANGEBYSCORE', window, '-inf', cutoff)
-    if #old == 0 then return end
-    local freed = 0
-    each_slice(old, function(ids)
-        for _, n in ipairs(redis.call('HMGET', tokens, unpack(ids))) do
-            freed = freed + (tonumber(n) or 0)
-        end
-        redis.call('HDEL', tokens, unpack(ids))
-    end)
-    redis.call('ZREMRANGEBYSCORE', window, '-inf', cutoff)
-    if freed ~= 0 then redis.call('DECRBY', token_sum, freed) end
-end
 
--- Reservations whose expiry has come stop counting (their process died, or never settled).
-local function prune_held(month, held, amounts, now)
-    local gone = redis.call('ZRANGEBYSCORE', held, '-inf', now)
-    if #gone == 0 then return end
-    each_slice(gone, function(ids)
-        for _, amount in ipairs(redis.call('HMGET', amounts, unpack(ids))) do
-            if amount then subtract(month, 'committed', amount) end
-        end
-        redis.call('HDEL', amounts, unpack(ids))
-    end)
-    redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
-end
-"""
-
-# KEYS: window, tokens, token_sum, month, held, amounts.
-# ARGV: reservation id, now (us), cutoff (us), rpm, tpm ('' = unlimited), estimated tokens,
-# window key TTL (ms), budget ('' = none), reserved amount, reservation expiry (us), month
-# keys' TTL (s). Returns {'ok', spent, committed} (before this reservation),
-# {'init'} (the month is missing), {'budget', spent, committed, in flight},
-# {'rpm', count, retry_us} or {'tpm', used, retry_us} (retry_us -1: never).
-_ADMIT = (
-    _LUA_COMMON
-    + """
-local window, tokens, token_sum, month, held, amounts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local id, now, cutoff = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local rpm, tpm, estimate = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local budget, reserve = ARGV[8], ARGV[9]
-local budgeted, windowed = budget ~= '', (rpm ~= nil or tpm ~= nil)
-
-local spent, committed = '0', '0'
-if budgeted then
-    if redis.call('EXISTS', month) == 0 then return {'init'} end
-    prune_held(month, held, amounts, now)
-    spent = redis.call('HGET', month, 'spent')
-    committed = redis.call('HGET', month, 'committed')
-    if not less(committed, budget) then
-        return {'budget', spent, committed, redis.call('ZCARD', held)}
-    end
-end
-if windowed then prune_window(window, tokens, token_sum, ARGV[3]) end
-if rpm then
-    local count = redis.call('ZCARD', window)
-    if count >= rpm then
-        if rpm == 0 then return {'rpm', count, -1} end
-        -- count - rpm + 1 entries must leave; the last of them is at index count - rpm.
-        local entry = redis.call('ZRANGE', window, count - rpm, count - rpm, 'WITHSCORES')
-        return {'rpm', count, tonumber(entry[2]) - cutoff}
-    end
-end
-if tpm then
-    local used = tonumber(redis.call('GET', token_sum) or '0')
-    if estimate > tpm then return {'tpm', used, -1} end
-    if used + estimate > tpm then
-        local excess, freed, start = used + estimate - tpm, 0, 0
-        while true do
-            local slice = redis.call('ZRANGE', window, start, start + 99, 'WITHSCORES')
-            if #slice == 0 then break end
-            for i = 1, #slice, 2 do
-                freed = freed + (tonumber(redis.call('HGET', tokens, slice[i])) or 0)
-                if freed >= excess then return {'tpm', used, tonumber(slice[i + 1]) - cutoff} end
-            end
-            start = start + 100
-        end
-        return {'tpm', used, now - cutoff}  -- entries lost their tokens: a whole window
-    end
-end
-
-if windowed then
-    redis.call('ZADD', window, now, id)
-    redis.call('HSET', tokens, id, estimate)
-    redis.call('INCRBY', token_sum, estimate)
-    for _, key in ipairs({window, tokens, token_sum}) do redis.call('PEXPIRE', key, ARGV[7]) end
-end
-if budgeted then
-    redis.call('HINCRBY', month, 'committed', reserve)
-    redis.call('ZADD', held, ARGV[10], id)
-    redis.call('HSET', amounts, id, reserve)
-    redis.call('EXPIRE', held, ARGV[11])
-    redis.call('EXPIRE', amounts, ARGV[11])
-end
-return {'ok', spent, committed}
-"""
-)
-
-# KEYS: window, tokens, token_sum, month, held, amounts, settled marker.
-# ARGV: reservation id, now (us), cutoff (us), windowed ('1' or ''), actual tokens, window
-# key TTL (ms), actual cost, marker TTL (s). Returns {'duplicate'}, {'untracked'} (the
-# month is missing: the ledger has the cost) or {'settled', spent before, spent after}.
-_SETTLE = (
-    _LUA_COMMON
-    + """
-local window, tokens, token_sum, month, held, amounts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local marker = KEYS[7]
-local id, now, cost = ARGV[1], ARGV[2], ARGV[7]
-if not redis.call('SET', marker, '1', 'NX', 'EX', ARGV[8]) then return {'duplicate'} end
-
-if ARGV[4] == '1' then
-    prune_window(window, tokens, token_sum, ARGV[3])
-    local estimate = redis.call('HGET', tokens, id)
-    if estimate then
-        local delta = tonumber(ARGV[5]) - tonumber(estimate)
-        if delta ~= 0 then
-            redis.call('HSET', tokens, id, ARGV[5])
-            redis.call('INCRBY', token_sum, delta)
-            for _, key in ipairs({window, tokens, token_sum}) do redis.call('PEXPIRE', key, ARGV[6]) end
-        end
-    end
-end
-
-if redis.call('EXISTS', month) == 0 then
-    redis.call('ZREM', held, id)
-    redis.call('HDEL', amounts, id)
-    return {'untracked'}
-end
-prune_held(month, held, amounts, now)
-local reserved = redis.call('HGET', amounts, id)
-if reserved then
-    subtract(month, 'committed', reserved)
-    redis.call('HDEL', amounts, id)
-    redis.call('ZREM', held, id)
-end
-local before = redis.call('HGET', month, 'spent')
-if cost ~= '0' then
-    redis.call('HINCRBY', month, 'spent', cost)
-    redis.call('HINCRBY', month, 'committed', cost)
-end
-return {'settled', before, redis.call('HGET', month, 'spent')}
-"""
-)
-
-# KEYS: month, held, amounts. ARGV: spent from the ledger, the month keys' TTL (s).
-# Creates the month only if it is absent (reservations left without it are dropped: they
-# were never counted in it). Returns 1 when it created it.
-_INITIALISE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('DEL', KEYS[2], KEYS[3])
-redis.call('HSET', KEYS[1], 'spent', ARGV[1], 'committed', ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-# KEYS: month, held, amounts. ARGV: now (us). Returns false (the month is missing) or
-# {spent, committed, in flight}.
-_VIEW = (
-    _LUA_COMMON
-    + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-prune_held(KEYS[1], KEYS[2], KEYS[3], ARGV[1])
-return {redis.call('HGET', KEYS[1], 'spent'), redis.call('HGET', KEYS[1], 'committed'), redis.call('ZCARD', KEYS[2])}
-"""
-)
+_ADMIT = _lua("common", "admit")
+_SETTLE = _lua("common", "settle")
+_INITIALISE = _lua("initialise")
+_VIEW = _lua("common", "view")
 
 
 @dataclass(frozen=True)
