@@ -6,7 +6,7 @@ recognise it), the 8-character prefix is the lookup id, the secret is 32 random 
 characters are stored. SHA-256 rather than a slow password hash: the key has 256 bits of
 entropy, so there is nothing to brute-force, and every API request checks one.
 
-``authenticate`` finds the row by prefix and compares hashes with ``hmac.compare_digest``
+``client_key_authenticate`` finds the row by prefix and compares hashes with ``hmac.compare_digest``
 (constant time); an unknown prefix is compared against a dummy hash too, so both failures
 take the same path. Every refusal is a ``ClientKeyError`` whose ``code`` and ``status`` the
 APIs turn into their error shapes (search/api/errors.py, search/openai_api/errors.py):

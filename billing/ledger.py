@@ -4,7 +4,7 @@ A generation's ledger row is appended to the Redis stream ``ledger:outbox`` in t
 ``MULTI``/``EXEC`` as its stream's terminal event (``inference.streams``): one round trip
 the worker makes anyway, and atomic with it, so a stream that ended always has its row
 queued, and a row is never queued for a stream that did not end. PostgreSQL gets the rows
-from ``drain``, after the reader already has its answer:
+from ``usage_records_store``, after the reader already has its answer:
 
 - ``inference.tasks.generate_routed`` drains right after its request (the row is usually
   in the table a millisecond after the answer ends, before the task's ``link`` runs);

@@ -1,8 +1,8 @@
 """Limits per client key: requests and tokens per minute, and a monthly budget in USD.
 
 Enforced in Redis, so they hold across web processes; every decision is one Lua script
-(``register_script``), atomic, one round trip. A request is admitted (``admit``) before its
-generation and settled (``settle``) after it, or released (``release``) when it never ran.
+(``register_script``), atomic, one round trip. A request is admitted (``admission_reserve``) before its
+generation and settled (``admission_settle``) after it, or released (``admission_release``) when it never ran.
 ``ClientKey`` holds the limits; None is unlimited.
 
 Requests and tokens per minute: a sliding-window log. Each admitted request is one entry of
@@ -327,7 +327,7 @@ def admission_reserve(
     minute (tokens: ``prompt_tokens + max_tokens``, corrected at settlement) and its month's
     budget (the maximum cost reserved at the price of ``model`` in force ``now``; ``local``:
     served by the local pool, whose price applies to a model without its own). The
-    admission must be settled (``settle``) or released (``release``) once."""
+    admission must be settled (``admission_settle``) or released (``admission_release``) once."""
     if prompt_tokens < 0 or max_tokens < 0:
         raise ValueError("prompt_tokens and max_tokens must not be negative")
     now = _now(now)

@@ -5,13 +5,13 @@ number into 10,000 buckets: the same client gets the same arm in every process a
 every restart (never Python's ``hash()``, which is salted per process), and raising the
 percent only moves clients from stable to canary, never back.
 
-Operator actions (``start``, ``set_percent``, ``step``, ``pause``, ``resume``, ``promote``,
-``roll_back``) lock the release row (``SELECT ... FOR UPDATE``), change it and record a
+Operator actions (``canary_release_start``, ``canary_release_percent_set``, ``canary_release_step``, ``canary_release_pause``, ``canary_release_resume``, ``canary_release_promote``,
+``canary_release_roll_back``) lock the release row (``SELECT ... FOR UPDATE``), change it and record a
 ``CanaryEvent`` in the same transaction, so an operator's edit and the periodic analysis
 never overwrite each other's changes. They raise ``CanaryActionRefused`` for a change that
 makes no sense in the release's state (stepping a rolled-back release...).
 
-Promotion (``promote``, or a step that reaches 100 %) does what Flagger and Argo Rollouts
+Promotion (``canary_release_promote``, or a step that reaches 100 %) does what Flagger and Argo Rollouts
 do: the new version becomes the stable one. The stable route (the name callers use) takes
 the canary route's target (provider, max_tokens, temperature, top_p, system prompt), the
 release ends as ``promoted`` and every client is served by the stable route again, now
@@ -183,7 +183,7 @@ def _set_percent(release: CanaryRelease, percent: Decimal, *, action: str, actor
 
 def canary_release_percent_set(release: CanaryRelease | int, percent, *, actor=None, reason: str = "") -> CanaryRelease:
     """Send ``percent`` % of the stable route's clients to the canary. 100 keeps the release
-    running with every client on the canary (analysis goes on); ``promote`` ends it."""
+    running with every client on the canary (analysis goes on); ``canary_release_promote`` ends it."""
     percent = _percent(percent)
     with transaction.atomic():
         release = _lock(release)

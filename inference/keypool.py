@@ -3,17 +3,17 @@
 The ``UpstreamKey`` rows are the pool, shared by every process through PostgreSQL (and
 what the admin shows). Each function here is one SQL statement, one round trip:
 
-- ``pick``: the least recently used usable key of a provider, marked used (``last_used_at``
+- ``upstream_key_pick``: the least recently used usable key of a provider, marked used (``last_used_at``
   is set at pick time, so concurrent workers rotate instead of piling onto one key). A key
   is usable when ``active``, or ``cooling_down`` with ``cooldown_until`` passed; picking
   such a key flips it back to ``active``. Rows another transaction holds are skipped
   (``FOR UPDATE SKIP LOCKED``); when every usable row is held, the least recently used one
   is taken anyway (waiting the few microseconds for its lock) rather than reporting none.
 - ``route_with_key``: a route with its provider and the first key of a request, picked as
-  ``pick`` does, in the statement that loads the route.
-- ``report_success``: consecutive failures back to 0, ``success_count`` + 1 (a routed request's
+  ``upstream_key_pick`` does, in the statement that loads the route.
+- ``upstream_key_succeeded``: consecutive failures back to 0, ``success_count`` + 1 (a routed request's
   success is counted when its ledger row is stored instead: ``billing.ledger``).
-- ``report_failure``: by the attempt's error kind (``inference.remote.UpstreamError``):
+- ``upstream_key_failed``: by the attempt's error kind (``inference.remote.UpstreamError``):
 
   ==================  ===================================================================
   ``rate_limited``    cooling down until now + ``retry_after_s`` (the upstream's
@@ -67,7 +67,7 @@ class PickedKey:
 
 @dataclass(frozen=True)
 class KeyState:
-    """A key's state after ``report_failure``."""
+    """A key's state after ``upstream_key_failed``."""
 
     status: str
     cooldown_until: datetime | None
@@ -138,7 +138,7 @@ def upstream_key_succeeded(key_id: int) -> None:
 
 
 def route_with_key(route_id: int) -> tuple:
-    """The route with its provider and, for a remote provider, its next key as ``pick``
+    """The route with its provider and, for a remote provider, its next key as ``upstream_key_pick``
     chooses it (or None): one statement, the first of every routed request."""
     rows = route_rows()
     provider = (
