@@ -5,9 +5,9 @@ number into 10,000 buckets: the same client gets the same arm in every process a
 every restart (never Python's ``hash()``, which is salted per process), and raising the
 percent only moves clients from stable to canary, never back.
 
-Operator actions (``canary_release_start``, ``canary_release_percent_set``, ``canary_release_step``, ``canary_release_pause``, ``canary_release_resume``, ``canary_release_promote``,
-``canary_release_roll_back``) lock the release row (``SELECT ... FOR UPDATE``), change it and record a
-``CanaryEvent`` in the same transaction, so an operator's edit and the periodic analysis
+Operator actions (``canary_release_start``, ``_percent_set``, ``_step``, ``_pause``, ``_resume``,
+``_promote``, ``_roll_back``) lock the release row (``SELECT ... FOR UPDATE``), change it and
+record a ``CanaryEvent`` in the same transaction, so an operator's edit and the periodic analysis
 never overwrite each other's changes. They raise ``CanaryActionRefused`` for a change that
 makes no sense in the release's state (stepping a rolled-back release...).
 
