@@ -21,7 +21,7 @@ retries off; one request = ``chat.completions.create(stream=True)`` and reading 
 to its end. The SDK stops reading at ``data: [DONE]`` and closes the response before the
 end of the chunked body, so httpx closes the connection: each of these requests opens a
 new one. Our remote backend reads those last bytes and keeps its connections
-(``inference.remote._WatchedStream``), so the comparison above gives the router that
+(``inference.remote.transport._WatchedStream``), so the comparison above gives the router that
 advantage. Hence a second direct client that keeps its connection too ("direct kept": the
 SDK's ``with_streaming_response``, reading the body's lines to the end, each chunk built
 into the SDK's ``ChatCompletionChunk`` by the function its stream uses): the same HTTP and

@@ -19,7 +19,6 @@ import openai
 import pytest
 
 from billing.models import UsageRecord
-from inference import remote
 from inference.engine.speculative import GenerationError
 from inference.remote import (
     RemoteEndpoint,
@@ -30,6 +29,7 @@ from inference.remote import (
     retry_after_seconds,
     speculative_report,
     stream_chat,
+    transport,
 )
 from inference.tasks import generate_routed
 from tests.inference import routing_helpers
@@ -454,8 +454,8 @@ def test_a_stream_cut_after_three_tokens_is_broken_after_exactly_three_deltas(en
 
 def test_a_complete_stream_keeps_its_connection_and_a_cut_one_does_not(endpoint, upstream_server, api_key, monkeypatch):
     # A fresh connection pool, as in a new worker process.
-    monkeypatch.setattr(remote, "_http", {"client": None, "pid": None})
-    monkeypatch.setattr(remote, "_clients", type(remote._clients)())
+    monkeypatch.setattr(transport, "_http", {"client": None, "pid": None})
+    monkeypatch.setattr(transport, "_clients", type(transport._clients)())
     upstream_script(upstream_server, api_key, ["ok", "ok", {"cut_after_tokens": 2}, "ok"])
 
     outcomes = [run(endpoint, chat()) for _ in range(4)]

@@ -1,0 +1,174 @@
+"""The OpenAI protocol of a remote call: one streamed chat completion read chunk by chunk
+into text deltas and a ``RemoteStats``, with the engine's speculative figures when it reports
+them (see the package docstring, "Request", "Speculative decoding" and "Usage")."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import openai
+
+from inference.remote import transport
+from inference.remote.call import RemoteEndpoint, RemoteRequest, RemoteStats, estimate_prompt_tokens, validate
+from inference.remote.errors import UpstreamError, classify
+
+
+def stream_chat(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | RemoteStats]:
+    """Yield text deltas, then a ``RemoteStats``; raise ``UpstreamError`` on any failure.
+
+    Validation happens here, before the first ``next()``: a ``GenerationError`` is raised
+    by this call itself and no request is made.
+    """
+    validate(endpoint, request)
+    return _stream(endpoint, request)
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def speculative_report(metrics) -> dict | None:
+    """The engine's per-request speculative figures (``metrics.speculative_decoding`` of the
+    usage chunk, vLLM's shape), or None when it reported none or nothing consistent:
+    ``{draft_tokens_proposed, draft_tokens_accepted, draft_accepted (the rate, None with
+    nothing proposed), spec_steps, spec_tokens (k), mean_acceptance_length,
+    acceptance_histogram (index j: steps that accepted exactly j draft tokens)}``."""
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if not isinstance(spec, dict):
+        return None
+    proposed, accepted = _count(spec.get("num_draft_tokens")), _count(spec.get("num_accepted_draft_tokens"))
+    steps, k = _count(spec.get("num_spec_steps")), _count(spec.get("num_spec_tokens"))
+    if proposed is None or accepted is None or accepted > proposed:
+        return None
+    histogram = spec.get("acceptance_histogram")
+    if not (isinstance(histogram, list) and histogram and all(_count(n) is not None for n in histogram)):
+        histogram = None
+    elif steps is not None and sum(histogram) != steps:
+        histogram = None  # not the histogram of these steps
+    mean = spec.get("mean_acceptance_length")
+    mean = float(mean) if isinstance(mean, (int, float)) and not isinstance(mean, bool) and mean >= 0 else None
+    return {
+        "draft_tokens_proposed": proposed,
+        "draft_tokens_accepted": accepted,
+        "draft_accepted": round(accepted / proposed, 4) if proposed else None,
+        "spec_steps": steps,
+        "spec_tokens": k,
+        "mean_acceptance_length": round(mean, 4) if mean is not None else None,
+        "acceptance_histogram": histogram,
+    }
+
+
+def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | RemoteStats]:
+    host = endpoint.host
+    started = time.monotonic()
+    first_deadline = started + min(endpoint.first_token_timeout_s, endpoint.total_timeout_s)
+    total_deadline = started + endpoint.total_timeout_s
+    watch = transport.watchdog.watch(first_deadline)
+    stream = None
+    phase = "request"
+    tokens_sent = 0
+    first_token_at: float | None = None
+    finish_reason: str | None = None
+    usage = None
+    model: str | None = None
+    reported_metrics = None
+
+    def deadline_error() -> UpstreamError:
+        if first_token_at is None and first_deadline < total_deadline:
+            return UpstreamError(
+                "timeout",
+                f"{host} sent no token within first_token_timeout_s={endpoint.first_token_timeout_s:g} s; "
+                "the upstream is overloaded or the prompt is too long for it: try another endpoint "
+                "or raise the timeout",
+                tokens_sent=tokens_sent,
+            )
+        return UpstreamError(
+            "timeout",
+            f"{host} did not finish within total_timeout_s={endpoint.total_timeout_s:g} s "
+            f"({tokens_sent} tokens received); lower max_tokens or raise the timeout",
+            tokens_sent=tokens_sent,
+        )
+
+    try:
+        try:
+            client = transport.client_for(endpoint)
+            optional = {}
+            if request.stop:
+                optional["stop"] = list(request.stop)
+            if request.seed is not None:
+                optional["seed"] = request.seed
+            transport.current.watch = watch
+            try:
+                stream = client.chat.completions.create(
+                    model=endpoint.model,
+                    messages=request.messages,
+                    max_tokens=request.max_tokens,
+                    temperature=request.temperature,
+                    top_p=request.top_p,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_body=endpoint.extra_body or None,
+                    timeout=openai.Timeout(
+                        connect=endpoint.connect_timeout_s,
+                        read=min(endpoint.first_token_timeout_s, endpoint.total_timeout_s),
+                        write=endpoint.first_token_timeout_s,
+                        pool=endpoint.connect_timeout_s,
+                    ),
+                    **optional,
+                )
+            finally:
+                transport.current.watch = None
+            phase = "stream"
+            for chunk in stream:
+                if watch.expired or time.monotonic() > watch.deadline:
+                    raise deadline_error()
+                model = chunk.model or model
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                    # vLLM's per-request figures ride on the usage chunk, outside OpenAI's schema.
+                    reported_metrics = (chunk.model_extra or {}).get("metrics")
+                for choice in chunk.choices or ():
+                    text = choice.delta.content if choice.delta is not None else None
+                    if text:
+                        if first_token_at is None:
+                            first_token_at = time.monotonic()
+                            transport.watchdog.move(watch, total_deadline)
+                        tokens_sent += 1
+                        yield text
+                    if choice.finish_reason:
+                        finish_reason = choice.finish_reason
+                        watch.drain = True  # a complete answer: keep the connection (transport._WatchedStream)
+        except UpstreamError:
+            raise
+        except Exception as exc:
+            if watch.expired or (phase == "stream" and time.monotonic() > watch.deadline):
+                raise deadline_error() from None
+            raise classify(exc, phase, endpoint, tokens_sent) from None
+    finally:
+        if stream is not None:
+            stream.close()  # after a failure, or a stream left early, the connection is closed, not reused
+        transport.watchdog.finish(watch)
+
+    if finish_reason is None:
+        raise UpstreamError(
+            "broken_stream",
+            f"the stream from {host} ended after {tokens_sent} tokens without a finish_reason; "
+            "the completion is incomplete: retry it",
+            tokens_sent=tokens_sent,
+        )
+    finished = time.monotonic()
+    if usage is not None and usage.completion_tokens is not None:
+        prompt_tokens, completion_tokens, source = usage.prompt_tokens or 0, usage.completion_tokens, "upstream"
+    else:
+        prompt_tokens, completion_tokens, source = estimate_prompt_tokens(request.messages), tokens_sent, "counted"
+    yield RemoteStats(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        time_to_first_token_ms=(first_token_at - started) * 1000 if first_token_at is not None else 0.0,
+        total_ms=(finished - started) * 1000,
+        finish_reason=finish_reason,
+        usage_source=source,
+        model=model,
+        speculative=speculative_report(reported_metrics),
+    )
