@@ -1,52 +1,11 @@
 """Limits per client key: requests and tokens per minute, and a monthly budget in USD.
 
-Enforced in Redis, so they hold across web processes; every decision is one Lua script
-(``register_script``), atomic, one round trip. A request is admitted (``admission_reserve``) before its
-generation and settled (``admission_settle``) after it, or released (``admission_release``) when it never ran.
-``ClientKey`` holds the limits; None is unlimited.
-
-Requests and tokens per minute: a sliding-window log. Each admitted request is one entry of
-a sorted set scored by its admission time (microseconds), its estimated tokens (prompt +
-max_tokens) in a hash beside it, and their sum in a counter; entries at least 60 s old are
-pruned by the next script that looks. A request is admitted while the window holds fewer
-than ``requests_per_minute`` entries and its tokens fit under ``tokens_per_minute``; a
-refusal's ``retry_after_s`` is exact: when the oldest entries that must leave will have
-left. Why a log rather than GCRA or fixed windows: "N per minute" then means what a client
-reads, in any 60 s, with no double burst at a window's edge; the arithmetic is on integers
-(GCRA's emission interval 60/N s is not one, and the scripts' numbers are doubles); and an
-entry can be corrected afterwards, which settlement needs (the actual tokens replace the
-estimate while the entry is in the window; once it has left, there is nothing to correct).
-It costs one entry per admitted request of the last minute, per key: bounded by the limit
-for requests per minute. A refused request takes nothing (no entry, no reservation).
-
-Monthly budget (UTC calendar month): amounts are integers of 1e-12 USD (``PICO``, the
-ledger's precision: ``UsageRecord.cost_usd`` has 12 decimals), kept as strings inside the
-scripts and added only by ``HINCRBY`` (64-bit integers, exact up to about 9.2 million USD
-a month per key); Lua's numbers are doubles and never touch money. The month's hash holds
-``spent`` (settled costs) and ``committed`` (spent plus the reservations outstanding), so
-the admission test, ``committed < budget``, is a comparison of two integer strings. A
-request reserves its maximum cost (prompt tokens + max_tokens at the price in force) and is
-admitted while ``committed < budget``: parallel requests overspend by at most one request's
-reserved cost. A model without a price cannot be budgeted: refused (``ModelUnpriced``).
-
-Reservations survive a crashed process conservatively: each is in a sorted set scored by
-its expiry (``reservation_ttl_s``: ``ROUTER_DEADLINE_S`` plus ``RESERVATION_MARGIN_S`` for
-the time queued before the router's deadline starts) and its amount in a hash; every
-script that reads the budget first prunes the expired ones, so an unsettled reservation
-stops counting after a bounded time. Settlement replaces the reservation by the real cost,
-once per reservation (a marker with an expiry makes a second call a no-op), and adds the
-real cost even after the reservation expired: the money was spent.
-
-A missing month (first use, Redis lost its data) is initialised from the ledger, the sum of
-``cost_usd`` of the key's rows that month, by a script that creates it only if it is still
-absent (SET NX for a hash), so concurrent initialisers agree. Settlements while it is
-absent add nothing: the ledger has their rows. Every settlement with a known cost counts,
-with or without a budget, so a budget set in mid-month starts from the month's spending.
-
-Alerts: when a settlement carries ``spent`` across 80 % or 100 % of the budget, one
-``BudgetAlert`` per key, month and threshold (``get_or_create`` on its unique constraint)
-and a WARNING naming the key by id and masked form. Settlements, not reservations: a
-reservation is a maximum that is usually not spent, and may be released.
+Enforced in Redis by one Lua script per decision (billing/lua/), atomic, one round trip. A
+request is admitted (``admission_reserve``) before its generation and settled
+(``admission_settle``) after it, or released (``admission_release``) when it never ran.
+``ClientKey`` holds the limits; None is unlimited. Money is integers of 1e-12 USD, never a
+double. The design (a sliding-window log, reservations, recovery from the ledger, alerts):
+docs/billing.md, "How limits and budgets are kept".
 """
 
 from __future__ import annotations

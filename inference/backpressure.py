@@ -1,44 +1,11 @@
-"""Admission by queue depth: a new generation is refused when its queue is already full.
+"""Admission by queue depth and by the GPU pool's own queues: a new generation is refused
+(``QueueFull``, ``PoolFull``: 503 with ``Retry-After``) rather than left to wait without bound.
 
-Beyond what the workers can serve, an unbounded queue only turns overload into latency:
-every waiting answer waits longer, clients time out and ask again, and the backlog outlives
-the burst. So ``router.submit`` enqueues a generation only while its queue (``gpu`` or
-``remote``) holds fewer than ``GENERATION_QUEUE_MAX`` messages waiting for a worker;
-otherwise it raises ``QueueFull``, a ``RouteUnavailable`` with ``retry_after_s``
-(``GENERATION_QUEUE_RETRY_AFTER_S``), which the REST API and the OpenAI-compatible API
-answer with 503 and ``Retry-After``, and the UI shows as "try again". 0 turns the bound off.
-
-What is counted. Celery's Redis transport keeps a queue as a Redis list named after it (one
-list per priority step: ``name``, then ``name\\x06\\x163``, ``\\x06\\x166``, ``\\x06\\x169``);
-a message a worker has taken (prefetched or running) leaves the list for the transport's
-``unacked`` hash. So the lists' lengths are the backlog no worker has started: a worker's
-own concurrency (the remote worker's threads, the gpu worker's one process) is capacity,
-not backlog.
-
-Exactly at most the bound, across threads and web processes. Checking the length and then
-publishing would let concurrent submissions all pass the check before any of them lands in
-the list. Instead a submission reserves a slot first, in one Lua script (atomic): admitted
-while the lists' lengths plus the reservations in flight are under the bound, and then
-holds an entry in the queue's reservation set until its message is in the list (or its
-publish failed). The check is conservative, never over: between a message's publish and
-its reservation's release (one Redis round trip) it counts twice, so a concurrent
-submission may be refused with one slot still free. A reservation is scored by its expiry
-(``RESERVATION_TTL_S``): one left by a process that died between reserving and publishing
-stops counting after that.
-
-The GPU pool's engines. A gpu worker holds many generations at once (threads), so its
-queue stays short, and the backlog builds up inside the engine servers instead, which batch
-what they run and queue the rest. ``pool_admit`` refuses a generation for a pool while its
-reachable devices already report ``GPU_POOL_MAX_WAITING`` waiting requests each
-(``vllm:num_requests_waiting``, read at most every ``inference.pool.LOAD_MAX_AGE_S``): a
-check, not a reservation, so a burst inside one reading can pass it; the queue bound above
-still holds. A pool with no device answering is not refused here: its attempts fail with
-the reason, and the route's fallbacks get their turn.
-
-What is exempt. Submissions from inside a Celery task are continuations of work already
-admitted (the reduce request of a map-reduce answer, submitted by the worker that stored
-the last map): refusing them would waste the work done, and there is at most one per
-admitted answer, so they cannot grow the queue without bound.
+``queue_slot``: at most ``GENERATION_QUEUE_MAX`` messages waiting in a generation queue, exactly,
+across threads and web processes (a slot is reserved in one Lua script before the publish).
+``pool_admit``: a pool's reachable devices hold fewer than ``GPU_POOL_MAX_WAITING`` waiting
+requests each. Both let submissions from inside a Celery task through (continuations of admitted
+work). What is counted and why: docs/reliability.md, "How the queue bound is kept".
 """
 
 from __future__ import annotations

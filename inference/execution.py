@@ -1,46 +1,12 @@
 """Running one routed generation in a worker: keys, retries, failover, the stream, the ledger.
 
-``run_routed`` is the body of ``inference.tasks.generate_routed``. Whatever happens, the
-stream ``gen:<request_id>`` ends with ``stats`` or ``error``, and exactly one ledger row is
+``run_routed`` is the body of ``inference.tasks.generate_routed``. Invariant: whatever happens,
+the stream ``gen:<request_id>`` ends with ``stats`` or ``error``, and exactly one ledger row is
 queued with that terminal event, atomically, by the process that ends the request, with the
-tokens produced, so nothing is served unbilled (``billing.ledger`` stores it off the
-request's path). How attempts are chosen (docs/routing.md, "Keys, retries and failover"):
-
-- The chain is the route, then its fallback routes in order (``Route.fallback_routes()``,
-  enabled routes on enabled providers; loaded only once the route itself is exhausted).
-- A round walks the chain. On a GPU pool's route it sends to the pool's least loaded
-  device (``inference.pool.device_pick``); on a remote route it takes the provider's least
-  recently used usable key (``inference.keypool.upstream_key_pick``). Both are one streamed call of the
-  same OpenAI-protocol client (``inference.remote.stream_chat``). A rate-limited (429) or rejected (401/403) key
-  is set aside in the pool (cooling down, disabled) and the next key is tried at once. A
-  failure of the upstream itself (5xx, timeout, connection, broken stream) moves on to the
-  next route at once: another key of the same endpoint would most likely fail alike.
-- After a round, the next one starts after exponential backoff with full jitter (tenacity's
-  ``wait_random_exponential``: a random wait in [0, min(``ROUTER_BACKOFF_MAX_S``,
-  ``ROUTER_BACKOFF_BASE_S`` * 2^(n-1))] before the n-th round after the first). When the
-  round found no usable key at all (every key cooling down or disabled), it waits instead
-  for the first cooling key, if that is at most ``ROUTER_BACKOFF_MAX_S`` away; otherwise
-  the request ends with ``unavailable`` and ``retry_after_s``.
-- Caps: ``ROUTER_MAX_ATTEMPTS`` upstream calls (5) and one deadline, ``ROUTER_DEADLINE_S``
-  (120 s) from the start: no wait goes past it, and each attempt's own timeouts are cut to
-  what is left of it.
-- Never retried: ``bad_request`` (it fails the same everywhere), a request refused before
-  any call (``invalid_request``, naming the field), and any failure after tokens reached the
-  stream (``tokens_sent`` > 0): a restart would show the reader those tokens twice, so the
-  request fails with the partial text left in the stream.
-- A route on the other queue (a ``local`` route reached from the ``remote`` worker, or the
-  reverse) is handed over: ``generate_routed`` is sent to that queue with the same request
-  id and the attempt state (attempts used, deadline, the rest of the chain, the stream's
-  length) in the payload; the process that ends the request queues the ledger row.
-- Each new attempt is announced in the stream by a ``retry`` event {attempt (the one that
-  failed), kind, status, retry_after_s, wait_s, route (where the next attempt goes),
-  message}; readers that do not know it skip it (they stop at ``stats``/``error`` only).
-
-Ledger: ``attempts`` counts every upstream or engine call of the request (all processes),
-``upstream_key`` is the key of the last attempt, ``route``/``provider`` those of the last
-attempt, ``latency_ms`` and ``ttft_ms`` run from the start of the request's first attempt
-(so retries show in them, up to the terminal event), and a failed request records the
-tokens already streamed.
+tokens produced, so nothing is served unbilled (``billing.ledger`` stores it off the request's
+path). Nothing is retried once tokens reached the stream. How attempts are chosen, capped,
+handed over between queues and announced (``retry`` events): docs/routing.md, "Attempts,
+retries and failover"; what the ledger row records: "The ledger row".
 """
 
 from __future__ import annotations

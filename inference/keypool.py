@@ -1,40 +1,12 @@
 """The upstream key pool: which key a request uses, and what each attempt did to the key.
 
-The ``UpstreamKey`` rows are the pool, shared by every process through PostgreSQL (and
-what the admin shows). Each function here is one SQL statement, one round trip:
-
-- ``upstream_key_pick``: the least recently used usable key of a provider, marked used (``last_used_at``
-  is set at pick time, so concurrent workers rotate instead of piling onto one key). A key
-  is usable when ``active``, or ``cooling_down`` with ``cooldown_until`` passed; picking
-  such a key flips it back to ``active``. Rows another transaction holds are skipped
-  (``FOR UPDATE SKIP LOCKED``); when every usable row is held, the least recently used one
-  is taken anyway (waiting the few microseconds for its lock) rather than reporting none.
-- ``route_with_key``: a route with its provider and the first key of a request, picked as
-  ``upstream_key_pick`` does, in the statement that loads the route.
-- ``upstream_key_succeeded``: consecutive failures back to 0, ``success_count`` + 1 (a routed request's
-  success is counted when its ledger row is stored instead: ``billing.ledger``).
-- ``upstream_key_failed``: by the attempt's error kind (``inference.remote.UpstreamError``):
-
-  ==================  ===================================================================
-  ``rate_limited``    cooling down until now + ``retry_after_s`` (the upstream's
-                      ``retry-after-ms`` or ``Retry-After``), else now +
-                      min(``UPSTREAM_KEY_COOLDOWN_MAX_S``, ``UPSTREAM_KEY_COOLDOWN_BASE_S``
-                      * 2^consecutive failures); a later end already set is kept
-  ``unauthorized``    disabled, with ``disabled_reason`` naming the provider, the HTTP
-                      status and what to do; never picked again until an operator sets it
-                      back to active in the admin
-  ``bad_request``     nothing: the request was at fault, not the key
-  anything else       (5xx, timeouts, connection errors, broken streams) counted
-  ==================  ===================================================================
-
-  Every counted failure adds to ``consecutive_failures`` and ``failure_count`` and sets
-  ``last_error`` and ``last_failure_at``.
-- ``has_usable`` and ``availability``: whether a provider has a key usable now; for a route
-  and its fallbacks (or a list of providers), how many and when the first cooling key comes
-  back (``router.submit``'s 503 with ``Retry-After``, and the message saying why).
-
-Decrypted secrets are cached per process under (key id, encrypted secret): the hot path
-pays Fernet once per key, and a replaced or re-encrypted secret is a new cache entry.
+The ``UpstreamKey`` rows are the pool, shared by every process through PostgreSQL; each
+function is one SQL statement. ``upstream_key_pick``: the least recently used usable key,
+marked used; ``route_with_key``: a route with its provider and its first key, in one
+statement; ``upstream_key_succeeded`` and ``upstream_key_failed``: what an attempt did to its
+key, by the attempt's error kind; ``has_usable`` and ``availability``: whether (and when) a
+provider or a route's chain has a usable key. Rotation, cooldowns and the table of what each
+kind does: docs/routing.md, "The key pool".
 """
 
 from __future__ import annotations

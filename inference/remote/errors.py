@@ -1,5 +1,5 @@
-"""A failed attempt, classified for the router: ``UpstreamError`` and its kinds (see the
-package docstring), from the SDK's exceptions and the upstream's retry headers. Messages name
+"""A failed attempt, classified for the router: ``UpstreamError`` and its kinds (docs/routing.md,
+"One attempt"), from the SDK's exceptions and the upstream's retry headers. Messages name
 the upstream's host and never the API key."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ KINDS = ("rate_limited", "unauthorized", "bad_request", "server_error", "timeout
 
 
 class UpstreamError(Exception):
-    """One failed attempt at an upstream, classified for the router (see the module docstring)."""
+    """One failed attempt at an upstream, classified for the router (docs/routing.md, "One attempt")."""
 
     def __init__(
         self,

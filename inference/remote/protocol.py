@@ -1,6 +1,6 @@
 """The OpenAI protocol of a remote call: one streamed chat completion read chunk by chunk
 into text deltas and a ``RemoteStats``, with the engine's speculative figures when it reports
-them (see the package docstring, "Request", "Speculative decoding" and "Usage")."""
+them (docs/routing.md, "One attempt")."""
 
 from __future__ import annotations
 

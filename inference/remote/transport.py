@@ -1,6 +1,6 @@
 """The HTTP side of a remote call: one connection pool per process with an SDK client per
 (base URL, key) on it, and the deadline watchdog that ends a call whose first-token or total
-deadline passes while its read is blocked (see the package docstring, "Timeouts" and "Clients")."""
+deadline passes while its read is blocked (docs/routing.md, "One attempt")."""
 
 from __future__ import annotations
 
