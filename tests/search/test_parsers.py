@@ -8,13 +8,14 @@ import zipfile
 
 import pytest
 
-from search.ingest import parsers
 from search.ingest.parsers import (
     SUPPORTED_MEDIA_TYPES,
     ParsedDocument,
     ParseError,
+    docx,
     normalise_text,
     parse_document,
+    pdf,
     sniff_media_type,
 )
 from tests.search.files import DOCX, SAMPLE_PDF, encrypt_pdf, make_docx, make_pdf, make_zip, seeded_bytes
@@ -413,7 +414,7 @@ def test_pdf_without_text_needs_ocr():
 
 
 def test_pdf_text_cap(monkeypatch):
-    monkeypatch.setattr(parsers, "MAX_PDF_TEXT_CHARS", 20)
+    monkeypatch.setattr(pdf, "MAX_PDF_TEXT_CHARS", 20)
     with pytest.raises(ParseError) as excinfo:
         parse_document(SAMPLE_PDF, media_type="application/pdf")
     assert str(excinfo.value) == "the PDF has more than 20 characters of text, which is too large"
@@ -478,7 +479,7 @@ def test_docx_bomb_hidden_behind_incompressible_padding_is_refused():
 
 
 def test_docx_uncompressed_size_limit(monkeypatch):
-    monkeypatch.setattr(parsers, "MAX_DOCX_UNCOMPRESSED_BYTES", 1024)
+    monkeypatch.setattr(docx, "MAX_DOCX_UNCOMPRESSED_BYTES", 1024)
     data = make_docx()
     with pytest.raises(ParseError) as excinfo:
         parse_document(data, media_type=DOCX)
