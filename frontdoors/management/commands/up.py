@@ -103,6 +103,7 @@ class Command(BaseCommand):
     def _children(self, host: str, port: int, options) -> list[Child]:
         python = sys.executable
         schedule = str(embedded.var_dir() / "celerybeat-schedule")
+        remote_concurrency = options.get("remote_concurrency") or settings.REMOTE_WORKER_CONCURRENCY
         return [
             Child(
                 "web",
@@ -121,52 +122,10 @@ class Command(BaseCommand):
                     "10",
                 ],
             ),
-            Child(
-                "ingest",
-                [
-                    python,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "ragsite",
-                    "worker",
-                    "-Q",
-                    "ingest,default",
-                    "-n",
-                    "ingest@%h",
-                    "-c",
-                    str(options["ingest_concurrency"]),
-                    "--loglevel",
-                    "INFO",
-                    "--without-gossip",
-                    "--without-mingle",
-                ],
-            ),
+            self._worker(python, "ingest", "ingest,default", "-c", str(options["ingest_concurrency"])),
             *self._gpu_children(python, options),
             # Remote generation waits on the network: threads, many calls per process.
-            Child(
-                "remote",
-                [
-                    python,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "ragsite",
-                    "worker",
-                    "-Q",
-                    "remote",
-                    "-n",
-                    "remote@%h",
-                    "--pool",
-                    "threads",
-                    "-c",
-                    str(options.get("remote_concurrency") or settings.REMOTE_WORKER_CONCURRENCY),
-                    "--loglevel",
-                    "INFO",
-                    "--without-gossip",
-                    "--without-mingle",
-                ],
-            ),
+            self._worker(python, "remote", "remote", "--pool", "threads", "-c", str(remote_concurrency)),
             Child("beat", [python, "-m", "celery", "-A", "ragsite", "beat", "-s", schedule, "--loglevel", "INFO"]),
         ]
 
@@ -174,12 +133,13 @@ class Command(BaseCommand):
         """The gpu queue's worker: a dispatcher whose threads each stream one generation from
         a pool device's engine server, which batches them (so it needs no GPU itself)."""
         concurrency = options.get("gpu_concurrency") or settings.GPU_WORKER_CONCURRENCY
-        argv = [
-            *(python, "-m", "celery", "-A", "ragsite", "worker", "-Q", "gpu", "-n", "gpu@%h"),
-            *("--pool", "threads", "-c", str(concurrency), "--loglevel", "INFO"),
-            *("--without-gossip", "--without-mingle"),
-        ]
-        return [Child("gpu", argv)]
+        return [self._worker(python, "gpu", "gpu", "--pool", "threads", "-c", str(concurrency))]
+
+    @staticmethod
+    def _worker(python: str, name: str, queues: str, *options: str) -> Child:
+        """A Celery worker named ``<name>@<host>`` consuming ``queues``, with ``options`` (pool, concurrency)."""
+        argv = [python, "-m", "celery", "-A", "ragsite", "worker", "-Q", queues, "-n", f"{name}@%h", *options]
+        return Child(name, [*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
 
     def _engine_servers(self) -> list[EngineServer]:
         """With GPU_POOL_MODEL set: register the pool, and make one engine server per device
