@@ -8,6 +8,7 @@ import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -78,6 +79,16 @@ def redis_database_url(number: int) -> str:
     url = urlunsplit(urlsplit(url)._replace(path=f"/{number}"))
     redis.Redis.from_url(url).flushdb()
     return url
+
+
+def percentile(values: list[float], q: int, digits: int | None = None) -> float | None:
+    """The q-th percentile (1..99) with linear interpolation between the closest ranks
+    (``statistics.quantiles``, inclusive); the value itself for one value, None for none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    value = ordered[0] if len(ordered) == 1 else statistics.quantiles(ordered, n=100, method="inclusive")[q - 1]
+    return value if digits is None else round(value, digits)
 
 
 def machine() -> dict:

@@ -46,16 +46,11 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks.common import own_databases, report, system_start
+from benchmarks.common import own_databases, percentile, report, system_start
 
 DATABASE = "ragsite_bench_gateway"
 REDIS_DB = 10
 WORDS = "Lift rises with the angle of attack until the wing stalls near fifteen degrees and then falls".split()
-
-
-def percentile(values: list[float], q: int) -> float:
-    ordered = sorted(values)
-    return statistics.quantiles(ordered, n=100, method="inclusive")[q - 1] if len(ordered) > 1 else ordered[0]
 
 
 def main() -> None:

@@ -143,7 +143,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import CRANFIELD, ROOT, free_port, machine, own_databases, report
+from benchmarks.common import CRANFIELD, ROOT, free_port, machine, own_databases, percentile, report
 
 DATABASE = "ragsite_bench_gpu_pool"
 REDIS_DB = 12
@@ -596,15 +596,6 @@ def direct_client(index: int, prompts: Prompts, args, client, model: str, stop, 
 # --------------------------------------------------------------------------- a level
 
 
-def percentile(values: list[float], q: int) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return round(ordered[0], 1)
-    return round(statistics.quantiles(ordered, n=100, method="inclusive")[q - 1], 1)
-
-
 def tokens_between(records: list[Record], start: float, end: float) -> float:
     """Output tokens that arrived in [start, end): each request's reported completion tokens
     spread over its deltas by their words (its words alone when it reported none)."""
@@ -723,23 +714,27 @@ def run_level(
         "window_s": round(window, 2),
         "requests_finished": len(done),
         "completion_tokens_mean": round(statistics.fmean(r.tokens or 0 for r in done), 1) if done else None,
-        "ttft_p50_ms": percentile([(r.first - r.submitted) * 1000 for r in done if r.first], 50),
-        "ttft_p99_ms": percentile([(r.first - r.submitted) * 1000 for r in done if r.first], 99),
-        "latency_p50_ms": percentile([(r.end - r.submitted) * 1000 for r in done], 50),
-        "latency_p99_ms": percentile([(r.end - r.submitted) * 1000 for r in done], 99),
+        "ttft_p50_ms": percentile([(r.first - r.submitted) * 1000 for r in done if r.first], 50, 1),
+        "ttft_p99_ms": percentile([(r.first - r.submitted) * 1000 for r in done if r.first], 99, 1),
+        "latency_p50_ms": percentile([(r.end - r.submitted) * 1000 for r in done], 50, 1),
+        "latency_p99_ms": percentile([(r.end - r.submitted) * 1000 for r in done], 99, 1),
         "steady": steady,
         "requests_started": len(records),
         "errors": len(failed),
     }
     if kind != "direct":
-        figures["submit_p50_ms"] = percentile([(r.submit_done - r.submitted) * 1000 for r in done if r.submit_done], 50)
-        figures["engine_ttft_p50_ms"] = percentile([r.engine_ttft_ms for r in done if r.engine_ttft_ms is not None], 50)
+        figures["submit_p50_ms"] = percentile(
+            [(r.submit_done - r.submitted) * 1000 for r in done if r.submit_done], 50, 1
+        )
+        figures["engine_ttft_p50_ms"] = percentile(
+            [r.engine_ttft_ms for r in done if r.engine_ttft_ms is not None], 50, 1
+        )
         # Each request's own dispatch: its TTFT at the client minus the TTFT the worker measured
         # from its attempt's start (broker hop, worker pickup, device choice, the Redis relay).
         paired = [(r.first - r.submitted) * 1000 - r.engine_ttft_ms for r in done if r.first and r.engine_ttft_ms]
-        figures["dispatch_ttft_p50_ms"] = percentile(paired, 50)
-        figures["dispatch_ttft_p99_ms"] = percentile(paired, 99)
-    figures["metrics_probe_p50_ms"] = percentile(probes, 50)
+        figures["dispatch_ttft_p50_ms"] = percentile(paired, 50, 1)
+        figures["dispatch_ttft_p99_ms"] = percentile(paired, 99, 1)
+    figures["metrics_probe_p50_ms"] = percentile(probes, 50, 1)
     if failed:
         figures["error_sample"] = failed[0].error
     if not last:

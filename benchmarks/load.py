@@ -57,7 +57,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,7 +67,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from benchmarks.common import CRANFIELD, ROOT, Process, own_databases, report, system_start
+from benchmarks.common import CRANFIELD, ROOT, Process, own_databases, percentile, report, system_start
 
 DATABASE = "ragsite_bench_load"
 REDIS_DB = 13
@@ -284,14 +283,6 @@ def run_scenario(args, scenario: str, base_url: str, tokens, queries, folder: Pa
     return levels
 
 
-def percentile(values: list[float], q: int) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return round(values[0], 1)
-    return round(statistics.quantiles(sorted(values), n=100, method="inclusive")[q - 1], 1)
-
-
 def outcome(record: list) -> str:
     """ok (2xx), shed (429 or 503 with Retry-After) or error (anything else; 0: no response)."""
     status, retry_after = record[2], record[3]
@@ -318,15 +309,15 @@ def summarise(args, records: list[list], origin: float, samples: list[tuple[floa
             "users": users,
             "requests": len(counted),
             "ok_rps": round(len(ok) / window, 1),
-            "p50_ms": percentile(ok, 50),
-            "p99_ms": percentile(ok, 99),
+            "p50_ms": percentile(ok, 50, 1),
+            "p99_ms": percentile(ok, 99, 1),
             "errors": errors,
             "error_rate": round(errors / len(counted), 4) if counted else 0.0,
             "shed": len(shed),
             "status_429": sum(r[2] == 429 for r in shed),
             "status_503": sum(r[2] == 503 for r in shed),
-            "shed_p50_ms": percentile([r[1] for r in shed], 50),
-            "shed_p99_ms": percentile([r[1] for r in shed], 99),
+            "shed_p50_ms": percentile([r[1] for r in shed], 50, 1),
+            "shed_p99_ms": percentile([r[1] for r in shed], 99, 1),
             "statuses": statuses,
             "max_queue_depth": max(depths, default=0),
         })  # fmt: skip

@@ -73,16 +73,11 @@ import statistics
 import time
 import uuid
 
-from benchmarks.common import own_databases, report
+from benchmarks.common import own_databases, percentile, report
 
 DATABASE = "ragsite_bench_routing"
 REDIS_DB = 15
 WORDS = "Lift rises with the angle of attack until the wing stalls near fifteen degrees".split()
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return statistics.quantiles(ordered, n=100, method="inclusive")[q - 1] if len(ordered) > 1 else ordered[0]
 
 
 def main() -> None:
