@@ -44,6 +44,19 @@ class StorageQuotaExceeded(DocumentRejected):
     """Storing the file would take its workspace over ``WORKSPACE_STORAGE_MAX_BYTES``."""
 
 
+class DocumentsRejected(DocumentRejected):
+    """Several files of one upload refused: ``refusals`` holds each one's error, in order."""
+
+    def __init__(self, refusals: list[DocumentRejected]):
+        too_large = all(isinstance(refusal, DocumentTooLarge) for refusal in refusals)
+        super().__init__(
+            "; ".join(str(refusal) for refusal in refusals),
+            code=DocumentTooLarge.code if too_large else None,
+            status=DocumentTooLarge.status if too_large else None,
+        )
+        self.refusals = refusals
+
+
 def workspace_create(*, name: str, slug: str) -> Workspace:
     workspace, _ = Workspace.objects.get_or_create(slug=slug, defaults={"name": name})
     return workspace
@@ -173,28 +186,37 @@ def documents_upload(
     documents, all or nothing; returns ``(document, created)`` per file, in order, as
     ``document_create`` does for one.
 
-    A refused file (``DocumentRejected``, naming it: empty, over ``DOCUMENT_MAX_BYTES``, of an
-    unsupported type, over the workspace's quota) stores none: the rows are rolled back and the
-    files already written are deleted. A file's size is checked before its bytes are read into
-    memory. The ingestion tasks are queued once every document is stored (on commit).
+    A refused file (empty, over ``DOCUMENT_MAX_BYTES``, of an unsupported type, over the
+    workspace's quota) stores none: every file is still checked, then the rows are rolled back,
+    the files already written are deleted, and its ``DocumentRejected`` is raised (naming the
+    file), or ``DocumentsRejected`` with each refusal when several files were refused. A file's
+    size is checked before its bytes are read into memory. The ingestion tasks are queued once
+    every document is stored (on commit).
     """
     if title and len(files) > 1:
         raise DocumentRejected("A title can be given for one file only.", code="invalid_request", field="title")
-    results, written = [], []
+    results, written, refusals = [], [], []
     try:
         with transaction.atomic():
             for file in files:
-                if file.size > settings.DOCUMENT_MAX_BYTES:
-                    raise DocumentTooLarge(
-                        f"{source_name_clean(file.name)} is {file.size} bytes, over the limit of "
-                        f"{settings.DOCUMENT_MAX_BYTES} bytes"
-                    )
-                document, created = document_create(
-                    collection=collection, source_name=file.name, content=file.read(), title=title, metadata=metadata
-                )
+                try:
+                    if file.size > settings.DOCUMENT_MAX_BYTES:
+                        raise DocumentTooLarge(
+                            f"{source_name_clean(file.name)} is {file.size} bytes, over the limit of "
+                            f"{settings.DOCUMENT_MAX_BYTES} bytes"
+                        )
+                    document, created = document_create(
+                        collection=collection, source_name=file.name, content=file.read(), title=title,
+                        metadata=metadata,
+                    )  # fmt: skip
+                except DocumentRejected as refusal:
+                    refusals.append(refusal)
+                    continue
                 results.append((document, created))
                 if created:
                     written.append(document.file)
+            if refusals:
+                raise refusals[0] if len(refusals) == 1 else DocumentsRejected(refusals)
     except BaseException:
         for stored in written:
             stored.delete(save=False)

@@ -278,7 +278,12 @@ def _upload(collection, files) -> list[UploadOutcome]:
     try:
         stored = documents_upload(collection=collection, files=files)
     except DocumentRejected as exc:
-        return [UploadOutcome("rejected", f"{exc} Nothing was stored: remove or fix that file and upload again.")]
+        refusals = getattr(exc, "refusals", [exc])
+        which = "that file" if len(refusals) == 1 else "those files"
+        return [
+            *(UploadOutcome("rejected", str(refusal)) for refusal in refusals),
+            UploadOutcome("rejected", f"Nothing was stored: remove or fix {which} and upload again."),
+        ]
     names = [source_name_clean(file.name) for file in files]
     return [
         UploadOutcome("added", f"{name}: queued for indexing in {collection.name}.")

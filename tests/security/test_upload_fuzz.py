@@ -137,13 +137,17 @@ def test_hostile_files_are_refused_by_the_browser_upload_with_422_and_their_reas
     for name, _, _, reason in REFUSED_AT_UPLOAD:
         assert f"{name}: {reason}" in report, name
     assert "empty.txt: the file is empty" in report
+    assert "Nothing was stored: remove or fix those files and upload again." in report
     assert not Document.objects.exists() and stored_files(media) == []
-    # One good file among them: 200, it is added, the others are still reported.
+    # One good file among them: all or nothing, as in the API: the bad one is named, the good one
+    # (written before the bad one was read) is not kept either.
     mixed = [SimpleUploadedFile("good.txt", b"Receipts are due in 30 days."), SimpleUploadedFile("r.pdf", RANDOM)]
     response = member_client.post(reverse("ui:upload"), {"collection": collection.pk, "files": mixed}, **HTMX)
-    assert response.status_code == 200
-    assert "good.txt: queued for indexing in Handbook." in response.content.decode()
-    assert list(Document.objects.values_list("source_name", flat=True)) == ["good.txt"]
+    report = html.unescape(response.content.decode())
+    assert response.status_code == 422
+    assert "r.pdf: r.pdf is named .pdf but its content is not a PDF" in report and "good.txt" not in report
+    assert "Nothing was stored: remove or fix that file and upload again." in report
+    assert not Document.objects.exists() and stored_files(media) == []
 
 
 def test_an_empty_file_is_refused_by_the_api(api, collection, media):

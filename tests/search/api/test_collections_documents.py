@@ -114,6 +114,14 @@ def test_an_upload_with_a_refused_file_stores_nothing(admin_client, handbook, se
     response = upload(admin_client, handbook.pk, {"fake.pdf": b"not a pdf at all"})
     assert response.status_code == 400 and "content is not a PDF" in response.json()["error"]["message"]
 
+    # Every refused file is named, and nothing of the upload is kept.
+    response = upload(admin_client, handbook.pk, {"a.txt": b"Fine.", "empty.txt": b"", "fake.pdf": b"not a pdf"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["code"], error["field"]) == ("document_rejected", "files")
+    assert error["message"].startswith("empty.txt: the file is empty; fake.pdf: fake.pdf is named .pdf")
+    assert Document.objects.count() == 0
+
 
 @pytest.mark.parametrize(
     ("fields", "field"),
