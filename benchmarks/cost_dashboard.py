@@ -127,7 +127,10 @@ def fixtures(now):
     providers, routes = {}, {}
     for route_name, model, provider_name, kind, *_ in ROUTES:
         base_url = "" if kind == "local" else f"https://{provider_name}.example/v1"
-        provider = Provider.objects.create(name=provider_name, kind=kind, base_url=base_url, model=model)
+        devices = [f"http://{provider_name}.example:8000/v1"] if kind == "local" else []  # a pool has devices
+        provider = Provider.objects.create(
+            name=provider_name, kind=kind, base_url=base_url, model=model, devices=devices
+        )
         providers[model] = provider
         routes[route_name] = Route.objects.create(
             name=route_name, provider=provider, is_default=route_name == "default"

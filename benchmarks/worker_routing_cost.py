@@ -255,7 +255,7 @@ def breakdown_pass(routed, requests: int) -> dict:
     wrapped = [
         (router, "plan", "plan"),
         (keypool, "route_with_key", "route_and_key"),
-        (execution.Routing, "attempt_remote", "attempt_with_events"),
+        (execution.Routing, "attempt", "attempt_with_events"),
         (streams.PipelinedStreamWriter, "write", "stream_events"),
         (streams.PipelinedStreamWriter, "flush", "stream_events"),
     ]
