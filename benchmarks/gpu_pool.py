@@ -98,7 +98,8 @@ while the paired one does not). ``speculation_gain``: per level, ``vllm_ngram`` 
 stats events (``speculative``) of the requests finished in its windows: accepted over proposed
 draft tokens, and the mean acceptance length (tokens per verify step, the bonus one included).
 ``targets_met``: the issue's targets, as measured (vLLM at least 6x the in-house engine at 16
-and 10x at 64, dispatch efficiency at least 0.9 at 16, TTFT overhead at most 5 ms p50). On CPU
+and 10x at 64, dispatch efficiency at least 0.9 at 16, TTFT overhead at most 5 ms p50; the
+difference of the two p50s is judged only when both windows at 16 were steady). On CPU
 cores the prompt passes are bound by arithmetic, which batching does not share out; see
 docs/benchmarks.md for what bounds the ratios on this project's machine.
 
@@ -858,12 +859,18 @@ def summary(results: dict, args) -> dict:
     # The same price per request (client TTFT minus the worker's engine TTFT, paired): the
     # difference of two p50s above is as noisy as a queue's TTFT at saturation.
     out["dispatch_ttft_overhead_paired_p50_ms_16"] = figure(results, "vllm_ngram", 16, "dispatch_ttft_p50_ms")
-    # The targets, as measured (None: not measured in this run).
+    # The targets, as measured (None: not measured in this run, or not comparable).
+    steady16 = all(figure(results, config, 16, "steady") for config in ("vllm_ngram", "direct"))
     checks = {
         "vllm_vs_inhouse_16_at_least_6": (out["vllm_vs_inhouse_16"], lambda v: v >= 6),
         "vllm_vs_inhouse_64_at_least_10": (out["vllm_vs_inhouse_64"], lambda v: v >= 10),
         "dispatch_efficiency_16_at_least_0.9": (out["dispatch_efficiency_16"], lambda v: v >= 0.9),
-        "dispatch_ttft_overhead_p50_ms_16_at_most_5": (out["dispatch_ttft_overhead_p50_ms_16"], lambda v: v <= 5),
+        # Two p50s are comparable only when both windows were steady (judged None otherwise: at
+        # the e0819d5 run, routed 6,063 ms against direct 16,407 ms "met" it at -10 s).
+        "dispatch_ttft_overhead_p50_ms_16_at_most_5": (
+            out["dispatch_ttft_overhead_p50_ms_16"] if steady16 else None,
+            lambda v: v <= 5,
+        ),
         "dispatch_ttft_overhead_paired_p50_ms_16_at_most_5": (
             out["dispatch_ttft_overhead_paired_p50_ms_16"],
             lambda v: v <= 5,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import UTC, date, datetime
 
 from django.db import connection
 from django.db.models import Count, Q, Sum
@@ -34,7 +34,7 @@ def usage_month_by_model(
             return [dict(zip(_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
     rows = (
         UsageRecord.objects.filter(user_id=user_id, workspace_id=workspace_id)
-        .filter(created_at__date__gte=first, created_at__date__lt=following)
+        .filter(created_at__gte=_utc_midnight(first), created_at__lt=_utc_midnight(following))
         .values("model", "provider_name")
         .annotate(
             requests=Count("id"),
@@ -51,6 +51,10 @@ def usage_month_by_model(
          "cost_usd": row["cost"] or 0, "unpriced": row["unpriced"]}
         for row in rows
     ]  # fmt: skip
+
+
+def _utc_midnight(day: date) -> datetime:
+    return datetime(day.year, day.month, day.day, tzinfo=UTC)
 
 
 def _next_month(month: date) -> date:

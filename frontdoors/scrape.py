@@ -1,5 +1,5 @@
 """``/metrics``: what every process recorded (``ragsite.metrics``) and the gauges computed at
-scrape time from PostgreSQL, Redis and the broker (docs/observability.md).
+scrape time from PostgreSQL, Redis and the broker (docs/operations.md, "Metrics").
 
 Each gauge family is one query (or one Redis round trip, or a broadcast ``inspect`` cached
 ``WORKERS_CACHE_S``); one that fails (database or Redis down) is left out of that scrape with a
