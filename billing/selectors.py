@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import date
 
 from django.db import connection
 from django.db.models import Count, Q, Sum
 
+from billing.dashboard import month_start_utc, next_month
 from billing.models import UsageRecord
 
 _COLUMNS = ("model", "provider", "requests", "errors", "prompt_tokens", "completion_tokens", "cost_usd", "unpriced")
@@ -22,7 +23,7 @@ def usage_month_by_model(
     A client key's: from the daily rollup (``billing_usagedaily``, kept by the ledger's triggers:
     a month is at most 31 rows a model). A user's in a workspace (a browser session, which
     the rollup does not key by): from the ledger itself."""
-    first, following = month.replace(day=1), _next_month(month)
+    first, following = month.replace(day=1), next_month(month)
     if client_key_id is not None:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -34,7 +35,7 @@ def usage_month_by_model(
             return [dict(zip(_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
     rows = (
         UsageRecord.objects.filter(user_id=user_id, workspace_id=workspace_id)
-        .filter(created_at__gte=_utc_midnight(first), created_at__lt=_utc_midnight(following))
+        .filter(created_at__gte=month_start_utc(first), created_at__lt=month_start_utc(following))
         .values("model", "provider_name")
         .annotate(
             requests=Count("id"),
@@ -51,11 +52,3 @@ def usage_month_by_model(
          "cost_usd": row["cost"] or 0, "unpriced": row["unpriced"]}
         for row in rows
     ]  # fmt: skip
-
-
-def _utc_midnight(day: date) -> datetime:
-    return datetime(day.year, day.month, day.day, tzinfo=UTC)
-
-
-def _next_month(month: date) -> date:
-    return date(month.year + month.month // 12, month.month % 12 + 1, 1)

@@ -15,8 +15,11 @@ from search.models import Workspace
 
 
 def in_workspaces(model: type[Model], workspaces: Workspace | int | Iterable[Workspace | int]) -> QuerySet:
-    """``model``'s rows that belong to ``workspaces``: one workspace (or its id) or several."""
+    """``model``'s rows that belong to ``workspaces``: one workspace (or its id), several, or a
+    queryset of workspaces (then a subquery: no extra round trip)."""
     path = model.workspace_path
     if isinstance(workspaces, Workspace | int):
         return model._default_manager.filter(**{path: workspaces})
-    return model._default_manager.filter(**{f"{path}__in": list(workspaces)})
+    if not isinstance(workspaces, QuerySet):
+        workspaces = list(workspaces)
+    return model._default_manager.filter(**{f"{path}__in": workspaces})

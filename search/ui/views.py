@@ -34,7 +34,7 @@ from search.selectors import SearchError, chunk_search
 from search.services import DocumentRejected, document_delete, document_retry, documents_upload, source_name_clean
 from search.ui.forms import MODE_CHOICES, SearchForm, UploadForm
 from search.ui.rendering import answer_html, passage_context, sources_by_number
-from search.ui.workspaces import member_required, user_workspaces, workspace_choose
+from search.ui.workspaces import member_required, user_workspaces_queryset, workspace_choose
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ async def answer_events(request, answer_id):
 
 
 def _answer_visible(user, answer_id) -> bool:
-    return in_workspaces(Answer, user_workspaces(user)).filter(pk=answer_id).exists()
+    return in_workspaces(Answer, user_workspaces_queryset(user)).filter(pk=answer_id).exists()
 
 
 async def _answer_event_stream(answer_id, after: str):

@@ -19,11 +19,14 @@ from search.models import Workspace
 SESSION_KEY = "ui_workspace_id"
 
 
-def user_workspaces(user) -> list[Workspace]:
+def user_workspaces_queryset(user):
     """The user's workspaces; a superuser (the operator who set the system up) has them all,
     so that a fresh install's first administrator can search the demo corpus at once."""
-    workspaces = Workspace.objects.all() if user.is_superuser else Workspace.objects.filter(memberships__user=user)
-    return list(workspaces.order_by("name", "pk"))
+    return Workspace.objects.all() if user.is_superuser else Workspace.objects.filter(memberships__user=user)
+
+
+def user_workspaces(user) -> list[Workspace]:
+    return list(user_workspaces_queryset(user).order_by("name", "pk"))
 
 
 def workspace_choose(request, workspace: Workspace) -> None:
