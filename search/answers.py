@@ -177,6 +177,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
             mode="hybrid",
             top_k=top_k,
             snippets=False,
+            syntax="question",  # a question's quotation marks quote; they do not filter
         )
     except SearchError as exc:
         raise AnswerError("collections", str(exc)) from None

@@ -85,7 +85,8 @@ def _lexemes(texts: list[str], config: str | None) -> list[set[str]]:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT array(SELECT lexeme FROM unnest(to_tsvector(%s::regconfig, search_text_normalize(t))))"
+            "SELECT array(SELECT lexeme FROM unnest(search_tsvector(%s::regconfig, t))"
+            " WHERE search_bm25_lexeme(lexeme))"
             " FROM unnest(%s::text[]) WITH ORDINALITY AS x(t, i) ORDER BY i",
             [config, texts],
         )

@@ -79,7 +79,11 @@ class Collection(models.Model):
     embedding_model = models.CharField(max_length=200, default="all-MiniLM-L6-v2")
     embedding_dimensions = models.PositiveSmallIntegerField(default=384)
     text_search_config = RegConfigField(
-        default="english", help_text="PostgreSQL text-search configuration (stemming language), e.g. english, simple."
+        default="search_english",
+        help_text=(
+            "PostgreSQL text-search configuration: search_english (English as BM25 references analyse it),"
+            " or any other, e.g. german, simple."
+        ),
     )
     # Corpus statistics for BM25, maintained in the same transaction as the chunks.
     chunk_count = models.PositiveBigIntegerField(default=0)
@@ -164,14 +168,9 @@ class Chunk(models.Model):
     # own partial HNSW index over ``embedding::halfvec(N)`` (see search/vector_indexes.py).
     embedding = VectorField()
     ts_config = RegConfigField()
-    # Lexemes of the text with ASCII punctuation split first (search/text_normalization.py).
+    # Lexemes of the text, analysed by search_tsvector (search/text_normalization.py).
     tsv = models.GeneratedField(
-        expression=Func(
-            F("ts_config"),
-            Func(F("text"), function="search_text_normalize", output_field=models.TextField()),
-            function="to_tsvector",
-            output_field=SearchVectorField(),
-        ),
+        expression=Func(F("ts_config"), F("text"), function="search_tsvector", output_field=SearchVectorField()),
         output_field=SearchVectorField(),
         db_persist=True,
     )

@@ -3,9 +3,12 @@
 Plain words are optional: a chunk matching any of them is a candidate and BM25 ranks
 by how well it matches (requiring every word of a natural-language question, as
 ``websearch_to_tsquery`` does, scores 0.02 nDCG@10 on Cranfield against 0.37 for BM25).
-Syntax a user types on purpose is honoured as a filter: ``"quoted phrases"`` must
-appear, ``-word`` and ``-"phrase"`` must not, and ``OR`` between words is accepted (it is
-what plain words already mean).
+
+Two kinds of input. A search-box query honours syntax a user types on purpose:
+``"quoted phrases"`` must appear, ``-word`` and ``-"phrase"`` must not, and ``OR``
+between words is accepted (it is what plain words already mean). A question (answers,
+``/v1/chat/completions``, evaluation, and a search-box query that reads as a sentence)
+has no syntax: its quotation marks quote, its hyphens join, and every word ranks.
 """
 
 from __future__ import annotations
@@ -13,9 +16,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from search.text_normalization import punctuation_split
+from search.text_normalization import text_prepare
+
+SYNTAXES = ("auto", "search", "question")
+# A search-box query of this many words reads as a sentence (typed syntax is short:
+# `"boundary layer" transition -laminar`); so does one that ends with a question mark.
+QUESTION_MIN_WORDS = 8
 
 _TOKEN = re.compile(r'(-?)"([^"]*)"|(\S+)')
+# A question mark (ASCII or full-width) and then only closing quotes, brackets or spaces.
+_QUESTION_END = re.compile("[?\uff1f][\"'\u201d\u2019\u00bb)\\]\\s]*$")
 
 
 @dataclass(frozen=True)
@@ -23,40 +33,45 @@ class ParsedQuery:
     optional: list[str] = field(default_factory=list)
     phrases: list[str] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)
+    # What the text was read as: "search" (typed syntax honoured) or "question".
+    syntax: str = "search"
 
     @property
     def rank_text(self) -> str:
-        """The words BM25 scores: optional words and the words of required phrases."""
+        """The words BM25 scores, repeats kept: optional words and the words of required phrases."""
         return " ".join(self.optional + self.phrases)
 
-    @property
-    def required_websearch(self) -> str:
+    def required_websearch(self, config: str) -> str:
         """A ``websearch_to_tsquery`` string for what must (not) match.
 
-        Punctuation is split exactly as in the indexed text (``search_text_normalize``),
-        so ``"high-speed flow"`` matches the lexemes ``high speed flow`` in sequence.
+        Each phrase is prepared exactly as the indexed text is (``search_tsvector``:
+        punctuation split, and the configuration's stop words removed), so that
+        ``"high-speed flow"`` matches the lexemes ``high speed flow`` in sequence.
         """
-        parts = [f'"{_words(phrase)}"' for phrase in self.phrases if _words(phrase)]
-        parts += [f'-"{_words(term)}"' for term in self.excluded if _words(term)]
+        parts = [f'"{words}"' for phrase in self.phrases if (words := _words(phrase, config))]
+        parts += [f'-"{words}"' for term in self.excluded if (words := _words(term, config))]
         return " ".join(parts)
 
-    @property
-    def optional_websearch(self) -> str:
-        """A ``websearch_to_tsquery`` string matching any optional word."""
-        return " or ".join(piece for word in self.optional for piece in _words(word).split())
 
-    @property
-    def highlight_websearch(self) -> str:
-        """Every positive word, for marking matches in snippets."""
-        return " or ".join(_words(self.rank_text).split())
-
-
-def _words(text: str) -> str:
+def _words(text: str, config: str) -> str:
     # Also removes the characters that websearch_to_tsquery reads as syntax (" - ( )).
-    return " ".join(punctuation_split(text).split())
+    return " ".join(text_prepare(text, config).split())
 
 
-def query_parse(text: str) -> ParsedQuery:
+def reads_as_question(text: str) -> bool:
+    """Whether a search-box query is a sentence rather than typed syntax."""
+    return bool(_QUESTION_END.search(text)) or len(text.split()) >= QUESTION_MIN_WORDS
+
+
+def query_parse(text: str, *, syntax: str = "search") -> ParsedQuery:
+    """Split a query; ``syntax`` is ``search``, ``question`` or ``auto`` (a search-box
+    query, read as a question when it reads as a sentence)."""
+    if syntax not in SYNTAXES:
+        raise ValueError(f"unknown query syntax {syntax!r}: use one of {', '.join(SYNTAXES)}")
+    if syntax == "auto":
+        syntax = "question" if reads_as_question(text) else "search"
+    if syntax == "question":
+        return ParsedQuery(optional=text.split(), syntax="question")
     optional: list[str] = []
     phrases: list[str] = []
     excluded: list[str] = []
@@ -72,4 +87,4 @@ def query_parse(text: str) -> ParsedQuery:
             excluded.append(word[1:])
         elif word not in {"-"}:
             optional.append(word)
-    return ParsedQuery(optional=optional, phrases=phrases, excluded=excluded)
+    return ParsedQuery(optional=optional, phrases=phrases, excluded=excluded, syntax="search")

@@ -15,13 +15,16 @@ from ragsite import metrics
 from ragsite.errors import DomainError
 from search.embedders import query_embedding
 from search.models import Collection, Workspace
-from search.query_syntax import query_parse
+from search.query_syntax import SYNTAXES, ParsedQuery, query_parse
 from search.vector_indexes import bm25_index_exists, dense_distance_sql
 
 MODES = ("hybrid", "dense", "keyword")
 # ts_headline marks matches with these; the text is HTML-escaped afterwards and only
 # then are they turned into <mark>, so document text can never inject markup.
 _MARK_START, _MARK_END = "\x02", "\x03"
+# Per document, a ranking reads this many chunks per wanted document (a document may hold
+# several matching chunks) and keeps each document's best.
+PER_DOCUMENT_CHUNK_FACTOR = 3
 
 
 class SearchError(DomainError):
@@ -53,6 +56,8 @@ class SearchResult:
     # How keyword candidates were found: "exact" (every matching chunk scored) or
     # "index" (BM25 HNSW index, for queries whose words are common); None without keywords.
     keyword_path: str | None = None
+    # What the query was read as: "search" (typed syntax honoured) or "question".
+    syntax: str = "search"
 
 
 def _collections_for(workspace: Workspace | None, collection_ids: list[int] | None) -> list[Collection]:
@@ -84,17 +89,23 @@ def chunk_search(
     keyword_weight: float | None = None,
     ef_search: int | None = None,
     snippets: bool = True,
+    syntax: str = "auto",
 ) -> SearchResult:
     """Search chunks of a workspace's collections, best first.
 
     - ``mode``: ``dense`` (HNSW cosine), ``keyword`` (BM25 over PostgreSQL full text) or
       ``hybrid`` (both, fused by weighted reciprocal rank), in one SQL statement.
     - ``metadata``: documents whose metadata contains these keys and values.
-    - ``per_document``: at most one hit per document (its best chunk).
+    - ``per_document``: at most one hit per document (its best chunk); each ranking then
+      contributes its best ``candidates`` documents to the fusion, not chunks.
+    - ``syntax``: ``search`` (quotes, ``-word`` and ``OR`` honoured), ``question`` (no
+      syntax: every word ranks) or ``auto`` (a search box: a question when it reads as one).
     - ``workspace=None`` searches across tenants: for management commands only.
     """
     if mode not in MODES:
         raise SearchError(f"unknown search mode {mode!r}: use one of {', '.join(MODES)}")
+    if syntax not in SYNTAXES:
+        raise SearchError(f"unknown query syntax {syntax!r}: use one of {', '.join(SYNTAXES)}")
     query = query.strip()
     if not query:
         raise SearchError("the query is empty")
@@ -121,6 +132,8 @@ def chunk_search(
         "model": model,
         "models": sorted({c.embedding_model for c in collections}),
         "candidates": candidates,
+        # Per document, a ranking reads more chunks so that `candidates` documents remain.
+        "chunk_candidates": min(1000, candidates * PER_DOCUMENT_CHUNK_FACTOR) if per_document else candidates,
         "top_k": top_k,
         "config": config,
         "rrf_k": float(rrf_k or settings.SEARCH_RRF_K),
@@ -139,14 +152,16 @@ def chunk_search(
             " AND d.metadata @> %(metadata)s::jsonb)"
         )
 
-    parsed = query_parse(query)
+    parsed = query_parse(query, syntax=syntax)
     params["rank_text"] = parsed.rank_text
-    params["required"] = parsed.required_websearch
-    params["optional"] = parsed.optional_websearch
-    params["highlight"] = parsed.highlight_websearch
-    filter_sql = _keyword_filter_sql(parsed)
+    params["required"] = parsed.required_websearch(config)
     use_dense = mode in ("dense", "hybrid")
-    use_keyword = mode in ("keyword", "hybrid") and filter_sql is not None
+    use_keyword = mode in ("keyword", "hybrid")
+    query_bm25, matching_rows, params["terms"] = None, 0, ""
+    if use_keyword or snippets:
+        query_bm25, matching_rows, params["terms"] = _query_bm25(params)
+    use_keyword = use_keyword and query_bm25 is not None
+    filter_sql = _keyword_filter_sql(parsed)
 
     def best_per_document(cte: str, order: str) -> str:
         # Per document, each ranking keeps the document's best chunk before fusion: a
@@ -154,6 +169,9 @@ def chunk_search(
         if not per_document:
             return cte
         return f"(SELECT DISTINCT ON (document_id) * FROM {cte} ORDER BY document_id, {order}, id) AS best"
+
+    # Each ranking contributes its best `candidates` results (documents, per document).
+    within_depth = " WHERE rank <= %(candidates)s" if per_document else ""
 
     ctes = []
     if use_dense:
@@ -170,21 +188,19 @@ def chunk_search(
             WHERE c.collection_id = ANY(%(collections)s) AND c.embedding_dimensions = {int(dimensions)}
               AND c.embedding_model = %(model)s{metadata_sql}
             ORDER BY {distance}
-            LIMIT %(candidates)s
+            LIMIT %(chunk_candidates)s
         ),
         dense_ranked AS (
-            SELECT id, document_id, row_number() OVER (ORDER BY distance, id) AS rank, 1 - distance AS score
-            FROM {best_per_document("dense", "distance")}
+            SELECT * FROM (
+                SELECT id, document_id, row_number() OVER (ORDER BY distance, id) AS rank, 1 - distance AS score
+                FROM {best_per_document("dense", "distance")}
+            ) ranked{within_depth}
         )""")
     keyword_path = None
     if use_keyword:
-        query_bm25, matching_rows = _query_bm25(params)
-        if query_bm25 is None:
-            use_keyword = False
-        else:
-            params["query_bm25"] = query_bm25
-            common = matching_rows > settings.SEARCH_KEYWORD_EXACT_MAX_ROWS
-            keyword_path = "index" if common and bm25_index_exists() else "exact"
+        params["query_bm25"] = query_bm25
+        common = matching_rows > settings.SEARCH_KEYWORD_EXACT_MAX_ROWS
+        keyword_path = "index" if common and bm25_index_exists() else "exact"
     if use_keyword and keyword_path == "exact":
         # Every chunk holding a query word (GIN) is scored: exact BM25.
         ctes.append(f"""
@@ -195,7 +211,7 @@ def chunk_search(
               AND c.embedding_model = ANY(%(models)s){metadata_sql}
               AND (c.bm25 <#> %(query_bm25)s::sparsevec) < 0  -- at least one ranked term matches
             ORDER BY c.bm25 <#> %(query_bm25)s::sparsevec, c.id
-            LIMIT %(candidates)s
+            LIMIT %(chunk_candidates)s
         )""")
     elif use_keyword:
         # Common words match a large share of the collection: the HNSW index over the BM25
@@ -211,13 +227,16 @@ def chunk_search(
             WHERE c.collection_id = ANY(%(collections)s) AND c.embedding_model = ANY(%(models)s)
               AND (c.bm25 <#> %(query_bm25)s::sparsevec) < 0{required_sql}{metadata_sql}
             ORDER BY c.bm25 <#> %(query_bm25)s::sparsevec
-            LIMIT %(candidates)s
+            LIMIT %(chunk_candidates)s
         )""")
     if use_keyword:
         ctes.append(f"""
         keyword_ranked AS (
-            SELECT id, document_id, row_number() OVER (ORDER BY negative_score, id) AS rank, -negative_score AS score
-            FROM {best_per_document("keyword", "negative_score")}
+            SELECT * FROM (
+                SELECT id, document_id, row_number() OVER (ORDER BY negative_score, id) AS rank,
+                       -negative_score AS score
+                FROM {best_per_document("keyword", "negative_score")}
+            ) ranked{within_depth}
         )""")
     if not ctes:
         return SearchResult(query=query, mode=mode, hits=[], timings_ms={"total": 0.0})
@@ -246,8 +265,8 @@ def chunk_search(
     ctes.append("""
         top AS (SELECT * FROM fused ORDER BY score DESC, id LIMIT %(top_k)s)""")
 
-    snippet_query = "websearch_to_tsquery(%(config)s::regconfig, %(highlight)s)"
-    snippet_sql = f"ts_headline(c.ts_config, c.text, {snippet_query}, %(mark)s)" if snippets else "''"
+    # Snippets mark the query's ranked terms (not its stop words or single characters).
+    snippet_sql = "ts_headline(c.ts_config, c.text, %(terms)s::tsquery, %(mark)s)" if snippets else "''"
     sql = (
         "WITH "
         + ",".join(ctes)
@@ -292,54 +311,61 @@ def chunk_search(
         for row in rows
     ]
     timings["total"] = (time.perf_counter() - started) * 1000
-    return SearchResult(query=query, mode=mode, hits=hits, timings_ms=timings, keyword_path=keyword_path)
+    return SearchResult(
+        query=query, mode=mode, hits=hits, timings_ms=timings, keyword_path=keyword_path, syntax=parsed.syntax
+    )
 
 
-def _query_bm25(params: dict) -> tuple[str | None, int]:
-    """The query side of BM25 (each term's IDF, as a sparse vector) and how many chunks
-    contain any of its terms; ``(None, 0)`` when the query has no rankable term."""
+def _query_bm25(params: dict) -> tuple[str | None, int, str]:
+    """The query side of BM25, how many chunks hold any of its terms, and its terms as a
+    ``tsquery`` (any of them); ``(None, 0, "")`` when the query has no rankable term.
+
+    A term weighs its IDF times the number of times the query holds it, as Lucene's
+    ``BooleanQuery`` and bm25s score a repeated term (docs/search.md).
+    """
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            WITH query_terms AS (
-                SELECT DISTINCT search_term_index(u.lexeme) AS term
-                FROM unnest(to_tsvector(%(config)s::regconfig, search_text_normalize(%(rank_text)s))) u
+            WITH query_lexemes AS (
+                SELECT u.lexeme, search_term_index(u.lexeme) AS term,
+                       coalesce(array_length(u.positions, 1), 1) AS qtf
+                FROM unnest(search_tsvector(%(config)s::regconfig, %(rank_text)s)) u
                 WHERE search_bm25_lexeme(u.lexeme)
+            ), query_terms AS (
+                SELECT term, sum(qtf) AS qtf FROM query_lexemes GROUP BY term
             ), term_stats AS (
-                SELECT q.term, coalesce(sum(t.df), 0) AS df
+                SELECT q.term, q.qtf, coalesce((
+                    SELECT sum(t.df) FROM search_termstat t
+                    WHERE t.term = q.term AND t.collection_id = ANY(%(collections)s)
+                ), 0) AS df
                 FROM query_terms q
-                LEFT JOIN search_termstat t ON t.term = q.term AND t.collection_id = ANY(%(collections)s)
-                GROUP BY q.term
             ), total AS (
                 SELECT coalesce(sum(chunk_count), 0) AS n FROM search_collection WHERE id = ANY(%(collections)s)
             )
             SELECT format('{%%s}/1000000000', string_agg(
-                       s.term || ':' || ln(1 + (total.n - s.df + 0.5) / (s.df + 0.5)), ',' ORDER BY s.term)),
+                       s.term || ':' || s.qtf * ln(1 + (total.n - s.df + 0.5) / (s.df + 0.5)), ',' ORDER BY s.term)),
                    -- an upper bound on the chunks holding any query word
-                   least(coalesce(sum(s.df), 0), max(total.n)), count(*)
+                   least(coalesce(sum(s.df), 0), max(total.n)),
+                   count(*),
+                   -- the lexemes as tsquery literals (ASCII punctuation, backslashes included,
+                   -- never reaches a lexeme: search_text_normalize)
+                   (SELECT string_agg(quote_literal(lexeme), ' | ' ORDER BY lexeme)
+                    FROM query_lexemes)
             FROM term_stats s, total
             """,
             params,
         )
-        vector, matching_rows, terms = cursor.fetchone()
+        vector, matching_rows, terms, any_term = cursor.fetchone()
     if not terms:
-        return None, 0
-    return vector, int(matching_rows)
+        return None, 0, ""
+    return vector, int(matching_rows), any_term
 
 
-def _keyword_filter_sql(parsed) -> str | None:
-    """The tsquery a keyword candidate must match, or None when nothing can match."""
-    if not parsed.optional and not parsed.phrases:
-        return None  # only exclusions (or nothing): keyword search has nothing to look for
-    required = "websearch_to_tsquery(%(config)s::regconfig, %(required)s)"
-    optional = "websearch_to_tsquery(%(config)s::regconfig, %(optional)s)"
-    if parsed.phrases and parsed.optional:
-        return f"({required} && {optional})"
-    if parsed.phrases:
-        return required
-    if parsed.excluded:
-        return f"({required} && {optional})"
-    return optional
+def _keyword_filter_sql(parsed: ParsedQuery) -> str:
+    """The tsquery a keyword candidate must match: any ranked term, and what typed syntax requires."""
+    if parsed.phrases or parsed.excluded:
+        return "(%(terms)s::tsquery && websearch_to_tsquery(%(config)s::regconfig, %(required)s))"
+    return "%(terms)s::tsquery"
 
 
 def _snippet_html(headline: str) -> str:

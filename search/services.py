@@ -68,7 +68,7 @@ def collection_create(
     name: str,
     description: str = "",
     embedding_model: str = DEFAULT_EMBEDDER,
-    text_search_config: str = "english",
+    text_search_config: str = "search_english",
 ) -> Collection:
     """Get or create a collection; a new one gets a vector index for its model's dimension."""
     existing = Collection.objects.filter(workspace=workspace, name=name).first()

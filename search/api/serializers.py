@@ -19,6 +19,7 @@ from rest_framework.reverse import reverse
 from search.answers import QUESTION_MAX_CHARS, TOP_K_MAX
 from search.embedders import DEFAULT_EMBEDDER, EmbedderError, embedder_get
 from search.models import Answer, Collection, Document
+from search.query_syntax import SYNTAXES
 from search.selectors import MODES
 
 # Ids are PostgreSQL bigints.
@@ -115,8 +116,11 @@ class CollectionCreateSerializer(serializers.Serializer):
         max_length=63,
         required=False,
         validators=[_NO_NUL],
-        default="english",
-        help_text="PostgreSQL text-search configuration (stemming language), e.g. english, simple.",
+        default="search_english",
+        help_text=(
+            "PostgreSQL text-search configuration: search_english (the default: English as BM25 references"
+            " analyse it: Lucene's 33 stop words, Snowball stemmer), or any other, e.g. english, german, simple."
+        ),
     )
 
     def validate_embedding_model(self, value: str) -> str:
@@ -231,7 +235,17 @@ class DocumentFilterSerializer(serializers.Serializer):
 
 
 class SearchSerializer(serializers.Serializer):
-    query = serializers.CharField(max_length=1000, validators=[_NOT_BLANK], help_text='Words, "phrases", -excluded.')
+    query = serializers.CharField(
+        max_length=1000, validators=[_NOT_BLANK], help_text='Words, "phrases", -excluded (see `syntax`).'
+    )
+    syntax = serializers.ChoiceField(
+        choices=SYNTAXES,
+        default="auto",
+        help_text=(
+            'search: "phrases" must appear, -word and -"phrase" must not. question: no syntax, every word ranks.'
+            " auto: a question when the query ends with a question mark or has 8 words or more, else search."
+        ),
+    )
     collections = _id_list(required=False, help_text="Collection ids; default: all of the workspace's.")
     mode = serializers.ChoiceField(choices=MODES, default="hybrid")
     top_k = serializers.IntegerField(min_value=1, max_value=SEARCH_TOP_K_MAX, default=10)
@@ -258,6 +272,9 @@ class SearchHitSerializer(serializers.Serializer):
 class SearchResponseSerializer(serializers.Serializer):
     query = serializers.CharField()
     mode = serializers.ChoiceField(choices=MODES)
+    syntax = serializers.ChoiceField(
+        choices=["search", "question"], help_text="What the query was read as (with syntax: auto, what auto chose)."
+    )
     keyword_path = serializers.ChoiceField(
         choices=["exact", "index"], allow_null=True, help_text="How keyword candidates were found; null without."
     )

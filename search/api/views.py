@@ -304,6 +304,7 @@ class SearchView(ApiView):
                 mode=params["mode"],
                 top_k=params["top_k"],
                 per_document=params["per_document"],
+                syntax=params["syntax"],
             )
         except SearchError as exc:  # what is left once the parameters are valid: collections that cannot mix
             raise invalid("collections", str(exc)) from None
@@ -311,6 +312,7 @@ class SearchView(ApiView):
         body = {
             "query": result.query,
             "mode": result.mode,
+            "syntax": result.syntax,
             "keyword_path": result.keyword_path,
             "took_ms": round(result.timings_ms.get("total", 0.0), 2),
             "results": [

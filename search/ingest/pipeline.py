@@ -525,7 +525,7 @@ def chunks_insert(cursor, collection: Collection, rows, embedder: Embedder) -> f
         # The collection's first documents set the length normalisation.
         cursor.execute(
             "SELECT avg((SELECT sum(coalesce(array_length(u.positions, 1), 1))"
-            " FROM unnest(to_tsvector(%(config)s::regconfig, search_text_normalize(s.text))) u"
+            " FROM unnest(search_tsvector(%(config)s::regconfig, s.text)) u"
             " WHERE search_bm25_lexeme(u.lexeme))) FROM search_chunk_staging s",
             params,
         )
@@ -537,9 +537,7 @@ def chunks_insert(cursor, collection: Collection, rows, embedder: Embedder) -> f
                                   token_count, embedding_model, embedding_dimensions, embedding, ts_config, bm25)
         SELECT s.document_id, %(collection)s, s.ordinal, s.text, s.start_offset, s.end_offset, s.token_count,
                %(model)s, %(dims)s, s.embedding, %(config)s::regconfig,
-               search_bm25_document_vector(
-                   to_tsvector(%(config)s::regconfig, search_text_normalize(s.text)), %(avgdl)s, %(k1)s, %(b)s
-               )
+               search_bm25_document_vector(search_tsvector(%(config)s::regconfig, s.text), %(avgdl)s, %(k1)s, %(b)s)
         FROM search_chunk_staging s
         ORDER BY s.document_id, s.ordinal
         """,

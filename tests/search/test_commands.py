@@ -68,6 +68,45 @@ def test_eval_retrieval_prints_exact_figures_as_its_last_line(tmp_path, settings
     assert Document.objects.filter(collection=collection).count() == 3
 
 
+@pytest.mark.django_db(transaction=True)
+def test_eval_retrieval_against_the_references(tmp_path, settings):
+    settings.MEDIA_ROOT = tmp_path / "media"
+    write_beir(
+        tmp_path / "mini",
+        documents=[
+            ("d1", "Wing flutter", "Flutter of thin wings at supersonic speed. The wing bends."),
+            ("d2", "Heat transfer", "Heat transfer in a laminar boundary layer. The wall is cold."),
+            ("d3", "Nozzle flow", "Flow in a convergent nozzle with a shock. The shock stands."),
+            ("d4", "", ""),
+        ],
+        queries=[("q1", "supersonic wing flutter"), ("q2", "laminar heat transfer")],
+        qrels=[("q1", "d1", 2), ("q2", "d2", 1), ("q2", "d3", 1)],
+    )
+    out = io.StringIO()
+    arguments = ["--references", "--long-questions", "5", "--language", "english"]
+    call_command("eval_retrieval", str(tmp_path / "mini"), *arguments, stdout=out, stderr=io.StringIO())
+    result = json.loads(out.getvalue().strip().splitlines()[-1])
+    q2 = 1 / (1 + 1 / math.log2(3))  # d2 first, d3 holds no word of the question
+    assert result["keyword_vs_bm25s"] == {
+        "top10_agreement": 1.0,
+        "top10_agreement_whole_documents": 1.0,
+        "multi_chunk_documents": 0,
+        "ndcg@10": round((1.0 + q2) / 2, 4),
+        "bm25s_ndcg@10": round((1.0 + q2) / 2, 4),
+        "ndcg@10_minus_bm25s": 0.0,
+    }
+    # Three documents can be asked about; each long question finds its own document first.
+    long = result["long_questions"]
+    assert (long["count"], long["top10_agreement"], long["ndcg@10"], long["bm25s_ndcg@10"]) == (3, 1.0, 1.0, 1.0)
+    for mode in ("keyword", "dense", "hybrid"):
+        figures = result[mode]
+        assert figures["ndcg@10_minus_reference"] == round(figures["ndcg@10"] - figures["reference_ndcg@10"], 4)
+    assert result["keyword"]["reference_ndcg@10"] == result["keyword"]["ndcg@10"]
+    assert result["dense"]["reference_ndcg@10"] == result["dense"]["ndcg@10"]  # exact on three documents
+    collection = Collection.objects.get(name="beir:mini:english")
+    assert collection.text_search_config == "english"
+
+
 @pytest.mark.django_db
 def test_ingest_command_loads_folders_and_reports_refusals(tmp_path, settings):
     settings.MEDIA_ROOT = tmp_path / "media"

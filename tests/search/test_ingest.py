@@ -230,6 +230,33 @@ def test_sql_and_python_split_punctuation_identically(db):
     assert punctuation_split("high-speed m=2.5") == "high speed m 2 5"
 
 
+@pytest.mark.parametrize("config", ["search_english", "english", "simple"])
+def test_sql_and_python_prepare_text_identically(db, config):
+    """search_tsvector(config, text) is to_tsvector(config, text_prepare(text, config)):
+    the stop words of search_english (the same 33 in SQL and Python) leave before parsing."""
+    from search.text_normalization import ENGLISH_STOP_WORDS, text_prepare
+
+    sample = (
+        "The Atlas-7's THEORY: it is in-flight, not INTO anatomy; its being theirs. A l'été, ça va: "
+        + " ".join(ENGLISH_STOP_WORDS).upper()
+        + " then thereafter"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT search_tsvector(%s::regconfig, %s)::text, to_tsvector(%s::regconfig, %s)::text",
+            [config, sample, config, text_prepare(sample, config)],
+        )
+        indexed, prepared = cursor.fetchone()
+    assert indexed == prepared
+    if config == "search_english":
+        # Stop words are gone as words; words that merely contain or stem to one stay
+        # ("its" -> "it", "being" -> "be", as bm25s and Lucene keep them).
+        assert (
+            indexed == "'7':2 'anatomi':6 'atlas':1 'be':8 'flight':5 'it':7 'l':10 's':3 'their':9 'theori':4 "
+            "'thereaft':14 'va':13 'ça':12 'été':11"
+        )
+
+
 def test_long_documents_are_chunked_to_the_end_after_the_model_has_run(collection):
     from search.embedders import embedder_get
 

@@ -76,11 +76,11 @@ def python_bm25(collection: Collection, query: str) -> list[tuple[int, float]]:
         for chunk_id, lexeme, count in cursor.fetchall():
             tf.setdefault(chunk_id, {})[lexeme] = count
         cursor.execute(
-            "SELECT DISTINCT u.lexeme FROM unnest(to_tsvector('english', search_text_normalize(%s))) u"
-            " WHERE search_bm25_lexeme(u.lexeme)",
-            [query],
+            "SELECT u.lexeme, coalesce(array_length(u.positions, 1), 1)"
+            " FROM unnest(search_tsvector(%s::regconfig, %s)) u WHERE search_bm25_lexeme(u.lexeme)",
+            [collection.text_search_config, query],
         )
-        terms = [row[0] for row in cursor.fetchall()]
+        terms = dict(cursor.fetchall())  # lexeme -> how often the query holds it
     chunk_total = len(tf)
     avgdl = collection.bm25_avgdl
     k1, b = settings.BM25_K1, settings.BM25_B
@@ -88,12 +88,12 @@ def python_bm25(collection: Collection, query: str) -> list[tuple[int, float]]:
     for chunk_id, counts in tf.items():
         length = sum(counts.values())
         score = 0.0
-        for term in terms:
+        for term, query_count in terms.items():
             if term in counts:
                 df = sum(1 for other in tf.values() if term in other)
                 idf = math.log(1 + (chunk_total - df + 0.5) / (df + 0.5))
                 f = counts[term]
-                score += idf * f * (k1 + 1) / (f + k1 * (1 - b + b * length / avgdl))
+                score += query_count * idf * f * (k1 + 1) / (f + k1 * (1 - b + b * length / avgdl))
         if score > 0:
             scores[chunk_id] = score
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))

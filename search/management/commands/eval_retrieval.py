@@ -1,32 +1,52 @@
 """``manage.py eval_retrieval DIR``: retrieval quality and latency on a BEIR-layout collection.
 
 The corpus is ingested into its own collection (reused when already there), every judged
-query goes through ``chunk_search`` (the service the API uses), and document scores come
-from each document's best chunk. The last line printed is one JSON object.
+query goes through ``chunk_search`` (the service the API uses) as a question, and
+document scores come from each document's best chunk. The last line printed is one JSON
+object.
+
+``--against-bm25`` also ranks with bm25s (search/reference_rankings.py) and reports how far
+the keyword ranking agrees with it, top 10 against top 10: over the same chunks (the
+ranking function alone) and over whole documents (chunking included), on the collection's
+questions and on long questions built from the corpus itself (a document's title and first
+sentences). ``--references`` adds the exact dense and fused references and evaluates every
+mode against them.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Count
 from tqdm import tqdm
 
 from search import bulk_load as bulk
-from search.beir import is_beir_dir, mrr_at, ndcg_at, qrels_read, queries_read, recall_at
+from search import reference_rankings as reference
+from search.beir import corpus_read, is_beir_dir, mrr_at, ndcg_at, qrels_read, queries_read, recall_at
+from search.embedders import embedder_get
 from search.ingest.pipeline import collection_bm25_refresh
-from search.models import Collection, Document
+from search.models import Chunk, Collection, Document
 from search.selectors import MODES, chunk_search
 from search.services import collection_create, workspace_create
+
+DEPTH = 100  # documents ranked per query (Recall@100)
 
 
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
     return ordered[index]
+
+
+def _mean(values: list[float]) -> float:
+    return round(statistics.fmean(values), 4) if values else 0.0
 
 
 class Command(BaseCommand):
@@ -36,55 +56,190 @@ class Command(BaseCommand):
         parser.add_argument("directory", type=Path)
         parser.add_argument("--mode", choices=MODES, default="hybrid")
         parser.add_argument("--split", default="test")
-        parser.add_argument("--candidates", type=int, default=200, help="Chunks taken from each ranking.")
+        parser.add_argument(
+            "--candidates", type=int, default=None, help="Documents taken from each ranking (default: the product's)."
+        )
         parser.add_argument("--workspace", default="eval")
+        parser.add_argument(
+            "--language",
+            default=Collection._meta.get_field("text_search_config").default,
+            help="The collection's text-search configuration (a collection of its own per configuration).",
+        )
+        parser.add_argument(
+            "--against-bm25", action="store_true", help="Compare the keyword ranking with bm25s (top-10 agreement)."
+        )
+        parser.add_argument(
+            "--references", action="store_true", help="Every mode against in-memory references (BM25, dense, fusion)."
+        )
+        parser.add_argument("--long-questions", type=int, default=200, help="Long questions built from the corpus.")
+        parser.add_argument("--seed", type=int, default=0, help="Which documents the long questions come from.")
 
-    def handle(self, *args, directory: Path, mode: str, split: str, candidates: int, workspace: str, **options):
+    def handle(self, *args, directory: Path, mode: str, split: str, workspace: str, language: str, **options):
         if not is_beir_dir(directory):
             raise CommandError(f"{directory} is not a BEIR-layout collection (no corpus.jsonl)")
-        collection = self._ensure_ingested(directory, workspace)
+        self.candidates = options["candidates"]
+        self.collection = self._ensure_ingested(directory, workspace, language)
         queries = queries_read(directory)
         qrels = qrels_read(directory, split)
         judged = [qid for qid in queries if qid in qrels]
         if not judged:
             raise CommandError(f"no query of queries.jsonl is judged in qrels/{split}.tsv")
-        beir_ids = {
+        self.multi_chunk_documents = (
+            Chunk.objects.filter(collection=self.collection, embedding_model=self.collection.embedding_model)
+            .values("document_id")
+            .annotate(chunks=Count("id"))
+            .filter(chunks__gt=1)
+            .count()
+        )
+        self.beir_ids = {
             pk: meta.get("beir_ids", [])
-            for pk, meta in Document.objects.filter(collection=collection).values_list("pk", "metadata")
+            for pk, meta in Document.objects.filter(collection=self.collection).values_list("pk", "metadata")
         }
-        ndcg, recall, mrr, latencies = [], [], [], []
-        for qid in tqdm(judged, desc=f"eval {mode}", unit="q", disable=None):
-            started = time.perf_counter()
-            result = chunk_search(
-                query=queries[qid],
-                workspace=collection.workspace,
-                collection_ids=[collection.pk],
-                mode=mode,
-                top_k=100,
-                per_document=True,
-                candidates=candidates,
-                snippets=False,
-            )
-            latencies.append((time.perf_counter() - started) * 1000)
-            ranked = [doc_id for hit in result.hits for doc_id in beir_ids.get(hit.document_id, [])]
-            ndcg.append(ndcg_at(ranked, qrels[qid], 10))
-            recall.append(recall_at(ranked, qrels[qid], 100))
-            mrr.append(mrr_at(ranked, qrels[qid], 10))
-        summary = {
-            "collection": directory.name,
-            "mode": mode,
-            "queries": len(judged),
-            "ndcg@10": round(statistics.fmean(ndcg), 4),
-            "recall@100": round(statistics.fmean(recall), 4),
-            "mrr@10": round(statistics.fmean(mrr), 4),
-            "p50_ms": round(percentile(latencies, 0.5), 2),
-            "p99_ms": round(percentile(latencies, 0.99), 2),
-        }
+        questions = [queries[qid] for qid in judged]
+        judgements = [qrels[qid] for qid in judged]
+        summary: dict = {"collection": directory.name, "queries": len(judged)}
+        if not (options["against_bm25"] or options["references"]):
+            summary["mode"] = mode
+            summary.update(self._evaluate(mode, questions, judgements)[0])
+            self.stdout.write(json.dumps(summary))
+            return
+        try:
+            summary.update(self._compare(directory, questions, judgements, options))
+        except reference.ReferenceUnavailable as exc:
+            raise CommandError(str(exc)) from None
         self.stdout.write(json.dumps(summary))
 
-    def _ensure_ingested(self, directory: Path, workspace_slug: str) -> Collection:
+    # ------------------------------------------------------------------ ours
+
+    def _ranked(self, question: str, mode: str) -> tuple[list[str], float]:
+        """Our ranking of corpus ids for a question, and how long it took (ms)."""
+        started = time.perf_counter()
+        result = chunk_search(
+            query=question,
+            workspace=self.collection.workspace,
+            collection_ids=[self.collection.pk],
+            mode=mode,
+            top_k=DEPTH,
+            per_document=True,
+            candidates=self.candidates,
+            snippets=False,
+            syntax="question",
+        )
+        elapsed = (time.perf_counter() - started) * 1000
+        return [doc_id for hit in result.hits for doc_id in self.beir_ids.get(hit.document_id, [])], elapsed
+
+    def _evaluate(self, mode: str, questions: list[str], judgements: list[dict]) -> tuple[dict, list[list[str]]]:
+        rankings, latencies = [], []
+        for question in tqdm(questions, desc=f"eval {mode}", unit="q", disable=None):
+            ranked, elapsed = self._ranked(question, mode)
+            rankings.append(ranked)
+            latencies.append(elapsed)
+        figures = _metrics(rankings, judgements)
+        figures["p50_ms"] = round(percentile(latencies, 0.5), 2)
+        figures["p99_ms"] = round(percentile(latencies, 0.99), 2)
+        return figures, rankings
+
+    # ------------------------------------------------------------------ references
+
+    def _compare(self, directory: Path, questions: list[str], judgements: list[dict], options) -> dict:
+        corpus = list(corpus_read(directory))
+        ids = [document.id for document in corpus]
+        texts = [document.content() for document in corpus]
+        out: dict = {}
+
+        def as_ids(rankings: list[list[int]]) -> list[list[str]]:
+            return [[ids[i] for i in ranking] for ranking in rankings]
+
+        bm25 = reference.bm25_rankings(texts, questions, depth=DEPTH, k1=settings.BM25_K1, b=settings.BM25_B)
+        keyword, keyword_rankings = self._evaluate("keyword", questions, judgements)
+        out["keyword_vs_bm25s"] = self._agreement(
+            keyword_rankings, as_ids(bm25), questions, judgements, _metrics(as_ids(bm25), judgements)
+        )
+
+        rng = random.Random(options["seed"])  # noqa: S311 (a reproducible sample, not a secret)
+        askable = [i for i, document in enumerate(corpus) if document.content()]
+        sampled = rng.sample(askable, min(options["long_questions"], len(askable)))
+        long_questions = [reference.long_question(corpus[i].title, corpus[i].text) for i in sampled]
+        long_judgements = [{ids[i]: 1} for i in sampled]  # the document the question was built from
+        long_bm25 = as_ids(
+            reference.bm25_rankings(texts, long_questions, depth=DEPTH, k1=settings.BM25_K1, b=settings.BM25_B)
+        )
+        long_ours = [self._ranked(q, "keyword")[0] for q in tqdm(long_questions, desc="long", disable=None)]
+        out["long_questions"] = {
+            "count": len(long_questions),
+            "words_mean": round(statistics.fmean(len(q.split()) for q in long_questions), 1),
+            **self._agreement(
+                long_ours, long_bm25, long_questions, long_judgements, _metrics(long_bm25, long_judgements)
+            ),
+        }
+        if not options["references"]:
+            out["keyword"] = keyword
+            return out
+
+        embedder = embedder_get(self.collection.embedding_model)
+        self.stderr.write(f"embedding {len(texts)} documents for the exact dense reference")
+        document_vectors = np.concatenate(
+            [embedder.embed_documents(texts[start : start + 256]) for start in range(0, len(texts), 256)]
+        )
+        query_vectors = np.stack([embedder.embed_query(question) for question in questions])
+        dense = reference.dense_rankings(document_vectors, query_vectors, depth=DEPTH)
+        fused = reference.rrf_fuse(bm25, dense)
+        references = {"keyword": bm25, "dense": dense, "hybrid": fused}
+        modes = {"keyword": keyword}
+        for mode in ("dense", "hybrid"):
+            modes[mode] = self._evaluate(mode, questions, judgements)[0]
+        for mode, figures in modes.items():
+            expected = _metrics(as_ids(references[mode]), judgements)
+            figures["reference_ndcg@10"] = expected["ndcg@10"]
+            figures["reference_recall@100"] = expected["recall@100"]
+            figures["ndcg@10_minus_reference"] = round(figures["ndcg@10"] - expected["ndcg@10"], 4)
+            out[mode] = figures
+        out["references"] = {
+            "keyword": "bm25s, Lucene's English stop words, Snowball (PyStemmer), k1 1.5, b 0.75",
+            "dense": f"exact cosine, {self.collection.embedding_model}, whole documents",
+            "hybrid": f"reciprocal-rank fusion of the two, k = {reference.RRF_K}, depth {reference.FUSION_DEPTH}",
+        }
+        return out
+
+    def _agreement(self, ours, bm25, questions, judgements, bm25_figures) -> dict:
+        """Top-10 agreement of our keyword ranking with bm25s over the same units, our chunks
+        (a document ranked by its best chunk, as ours is), and with bm25s over whole
+        documents, which also counts what chunking changes: a document longer than the
+        embedder's window is scored by its best passage instead of as a whole."""
+        chunks = list(
+            Chunk.objects.filter(collection=self.collection, embedding_model=self.collection.embedding_model)
+            .order_by("pk")
+            .values_list("document_id", "text")
+        )
+        per_chunk = reference.bm25_rankings(
+            [text for _, text in chunks], questions, depth=DEPTH * 3, k1=settings.BM25_K1, b=settings.BM25_B
+        )
+        same_chunks = []
+        for ranking in per_chunk:
+            documents = list(dict.fromkeys(chunks[i][0] for i in ranking))  # best chunk first
+            same_chunks.append([doc_id for pk in documents for doc_id in self.beir_ids.get(pk, [])])
+        figures = _metrics(ours, judgements)
+        return {
+            "top10_agreement": _mean([reference.top_agreement(a, b) for a, b in zip(ours, same_chunks, strict=True)]),
+            "top10_agreement_whole_documents": _mean(
+                [reference.top_agreement(a, b) for a, b in zip(ours, bm25, strict=True)]
+            ),
+            "multi_chunk_documents": self.multi_chunk_documents,
+            "ndcg@10": figures["ndcg@10"],
+            "bm25s_ndcg@10": bm25_figures["ndcg@10"],
+            "ndcg@10_minus_bm25s": round(figures["ndcg@10"] - bm25_figures["ndcg@10"], 4),
+        }
+
+    # ------------------------------------------------------------------ ingestion
+
+    def _ensure_ingested(self, directory: Path, workspace_slug: str, language: str) -> Collection:
         workspace = workspace_create(name=workspace_slug.title(), slug=workspace_slug)
-        collection = collection_create(workspace=workspace, name=f"beir:{directory.resolve().name}")
+        name = f"beir:{directory.resolve().name}"
+        if language != Collection._meta.get_field("text_search_config").default:
+            name += f":{language}"
+        collection = collection_create(workspace=workspace, name=name, text_search_config=language)
+        if collection.text_search_config != language:
+            raise CommandError(f"{collection.name} exists with text_search_config {collection.text_search_config}")
         new, refused = bulk.beir_store(collection, directory)
         if refused and new:
             self.stderr.write(f"{len(refused)} corpus entries refused, e.g. {refused[0]}")
@@ -98,3 +253,11 @@ class Command(BaseCommand):
         for document in failed[:20]:
             self.stderr.write(f"failed: {document.source_name}: {document.error}")
         return collection
+
+
+def _metrics(rankings: list[list[str]], judgements: list[dict]) -> dict:
+    return {
+        "ndcg@10": _mean([ndcg_at(r, j, 10) for r, j in zip(rankings, judgements, strict=True)]),
+        "recall@100": _mean([recall_at(r, j, 100) for r, j in zip(rankings, judgements, strict=True)]),
+        "mrr@10": _mean([mrr_at(r, j, 10) for r, j in zip(rankings, judgements, strict=True)]),
+    }

@@ -24,7 +24,11 @@ class Command(BaseCommand):
         parser.add_argument("--workspace", default="demo", help="Workspace slug (created if missing).")
         parser.add_argument("--collection", default="Documents", help="Collection name (created if missing).")
         parser.add_argument("--model", default=DEFAULT_EMBEDDER, help="Embedding model for a new collection.")
-        parser.add_argument("--language", default="english", help="Text-search configuration for a new collection.")
+        parser.add_argument(
+            "--language",
+            default="search_english",
+            help="Text-search configuration for a new collection (search_english, german, simple ...).",
+        )
         parser.add_argument(
             "--queue", action="store_true", help="Enqueue on the ingest queue instead of ingesting in this process."
         )

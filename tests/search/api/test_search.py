@@ -56,6 +56,27 @@ def test_a_search_by_get_with_collections_and_top_k(admin_client, corpus):
     assert len({hit["document_id"] for hit in per_document["results"]}) == len(per_document["results"])
 
 
+def test_typed_syntax_filters_and_a_question_does_not(admin_client, corpus):
+    handbook, _ = corpus
+    wing = Document.objects.get(source_name="wing.md")
+    robot = Document.objects.get(source_name="robot.md")
+
+    def search(query, **params):
+        params = {"query": query, "mode": "keyword", "collections": [handbook.pk], **params}
+        body = admin_client.post("/api/v1/search", params, "json").json()
+        return body["syntax"], [hit["document_id"] for hit in body["results"]]
+
+    # A search box: the quoted phrase must appear; the plain word only ranks.
+    assert search('"propeller slipstream" charging') == ("search", [wing.pk])
+    assert search("charging lift -propeller") == ("search", [robot.pk])
+    # Read as a sentence (a question mark, or 8 words and more): quotes quote, every word ranks.
+    syntax, found = search('Does "propeller slipstream" matter for charging?')
+    assert syntax == "question" and set(found) == {wing.pk, robot.pk}
+    assert search('how long is "propeller slipstream" charging', syntax="question")[0] == "question"
+    # Asked for explicitly, typed syntax holds even for a sentence.
+    assert search('Does "propeller slipstream" matter for charging?', syntax="search") == ("search", [wing.pk])
+
+
 @pytest.mark.parametrize(
     ("params", "field"),
     [
@@ -68,6 +89,7 @@ def test_a_search_by_get_with_collections_and_top_k(admin_client, corpus):
         ({"query": "lift", "collections": ["one"]}, "collections"),
         ({"query": "x" * 1001}, "query"),
         ({"query": "lift", "top_k": ""}, "top_k"),
+        ({"query": "lift", "syntax": "regex"}, "syntax"),
     ],
 )
 def test_a_bad_search_is_refused_naming_the_field(admin_client, handbook, params, field):

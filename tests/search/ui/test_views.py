@@ -122,6 +122,16 @@ def test_search_shows_escaped_snippets_with_highlights_and_links_to_passages(cli
         assert f'href="/passages/{robot.pk}/"' in client.get("/", {"q": "robot battery", "mode": mode}).content.decode()
 
 
+def test_a_sentence_in_the_search_box_is_read_as_a_question_and_says_so(client, tenants):
+    client.force_login(tenants.ann)
+    typed = client.get("/", {"q": '"propeller slipstream" battery', "mode": "keyword"}).content.decode()
+    assert "1 result for" in typed and "Wing aerodynamics" in typed and "read-as-question" not in typed
+    asked = client.get("/", {"q": 'Does the "propeller slipstream" drain the battery?', "mode": "keyword"})
+    page = asked.content.decode()
+    assert "2 results for" in page and "Wing aerodynamics" in page and "Atlas-7 robot" in page
+    assert 'id="read-as-question"' in page and "its quotation marks do not filter" in page
+
+
 def test_search_sees_only_the_current_workspace_and_its_collections(client, tenants):
     client.force_login(tenants.ann)
     page = client.get("/", {"q": "Globex battery charging", "mode": "keyword"}).content.decode()

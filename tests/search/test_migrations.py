@@ -1,0 +1,87 @@
+"""Upgrading keeps the data: migration search 0004 moves collections from PostgreSQL's
+``english`` to ``search_english`` and recomputes their term statistics and BM25 weights
+exactly as ingestion computes them; undone, it moves them back the same way."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+from search.ingest.pipeline import collection_bm25_refresh
+from search.models import Chunk, Collection
+from search.selectors import chunk_search
+from tests.search.files import ingest_texts
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BEFORE = [("search", "0003_answer")]
+AFTER = [("search", "0004_search_english_and_query_term_frequency")]
+
+TEXTS = {
+    "flow.md": "What is the flow over a wing? The flow over the wing is what lifts it, and what it does matters.",
+    "heat.md": "Heat transfer at the stagnation point of a blunt body, and what the wall temperature does.",
+    "shock.md": "A shock wave ahead of the body: its standoff distance, being small, is hard to measure.",
+}
+
+
+def migrate(targets) -> None:
+    executor = MigrationExecutor(connection)
+    executor.migrate(targets)
+
+
+def state(collection_id: int) -> dict:
+    """Everything BM25 keeps for a collection, and the chunks themselves."""
+    collection = Collection.objects.get(pk=collection_id)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT term, df FROM search_termstat WHERE collection_id = %s ORDER BY term", [collection_id])
+        terms = cursor.fetchall()
+        cursor.execute(
+            "SELECT id, ts_config::text, tsv::text, bm25::text FROM search_chunk WHERE collection_id = %s ORDER BY id",
+            [collection_id],
+        )
+        chunks = cursor.fetchall()
+    return {
+        "config": collection.text_search_config,
+        "chunk_count": collection.chunk_count,
+        "lexeme_total": collection.lexeme_total,
+        "avgdl": collection.bm25_avgdl,
+        "terms": terms,
+        "chunks": chunks,
+    }
+
+
+def test_the_upgrade_recomputes_bm25_as_ingestion_does_and_can_be_undone(collection):
+    assert collection.text_search_config == "search_english"
+    ingest_texts(collection, TEXTS)
+    collection_bm25_refresh(collection_id=collection.pk)  # the weights at the exact average length
+    ingested = state(collection.pk)
+    embeddings = {chunk.pk: list(chunk.embedding) for chunk in Chunk.objects.filter(collection=collection)}
+    ranked = [
+        hit.chunk_id
+        for hit in chunk_search(
+            query="what does the flow do", workspace=collection.workspace, mode="keyword", syntax="question"
+        ).hits
+    ]
+    try:
+        migrate(BEFORE)
+        undone = state(collection.pk)
+        assert undone["config"] == "english"
+        assert {row[1] for row in undone["chunks"]} == {"english"}
+        # PostgreSQL's english drops "what" and "does" (127 stop words); search_english keeps them.
+        assert "'what'" not in " ".join(row[2] for row in undone["chunks"])
+        assert undone["lexeme_total"] < ingested["lexeme_total"]
+        assert undone["chunk_count"] == ingested["chunk_count"] == 3
+        assert len(undone["terms"]) < len(ingested["terms"])
+
+        migrate(AFTER)
+        assert state(collection.pk) == ingested  # the same statistics and weights as ingestion wrote
+    finally:
+        migrate(AFTER)
+    assert {chunk.pk: list(chunk.embedding) for chunk in Chunk.objects.filter(collection=collection)} == embeddings
+    assert [
+        hit.chunk_id
+        for hit in chunk_search(
+            query="what does the flow do", workspace=collection.workspace, mode="keyword", syntax="question"
+        ).hits
+    ] == ranked
