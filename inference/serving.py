@@ -15,10 +15,8 @@ import json
 import os
 import shlex
 import signal
-import subprocess
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +25,7 @@ from django.db import transaction
 
 from inference.models import Provider, Route
 from inference.pool import device_health
+from ragsite.supervision import SupervisedProcess
 
 # vLLM's names for our speculative methods; prompt lookup uses n-grams of 2 to 4 tokens of
 # the prompt (the retrieved passages), as our engine does.
@@ -119,13 +118,12 @@ def vllm_env(config: PoolConfig, device: str) -> dict[str, str]:
     return env
 
 
-# A server that dies is started again after 1, 2, 4 ... seconds, at most this long.
-RESTART_BACKOFF_MAX_S = 30.0
-# A server that ran this long before dying starts over from the shortest backoff.
-RESTART_RESET_AFTER_S = 300.0
+# vLLM takes about 100 s to start here: a server that keeps dying is one that died five
+# times in half an hour, not in a minute.
+ENGINE_DEATH_WINDOW_S = 1800.0
 
 
-class EngineServer:
+class EngineServer(SupervisedProcess):
     """One engine server process, started again when it dies (``supervise`` or a thread).
 
     ``log`` receives each line the server prints and the supervisor's own lines (prefixed
@@ -135,47 +133,22 @@ class EngineServer:
     def __init__(
         self, name: str, argv: list[str], env: dict[str, str], url: str, log: Callable[[str], None] | None = None
     ):
-        self.name, self.argv, self.env, self.url = name, argv, env, url
-        self.log = log or (lambda line: None)
-        self.process: subprocess.Popen | None = None
-        self.tail: deque[str] = deque(maxlen=60)
-        self.restarts = 0
-        self._started_at = 0.0
-        self._restart_at: float | None = None
-        self._stopping = threading.Event()
+        super().__init__(
+            name,
+            argv,
+            env,
+            log=log,
+            notice=lambda line: self.log(f"engine {line}"),
+            death_window_s=ENGINE_DEATH_WINDOW_S,
+        )
+        self.url = url
         self._thread: threading.Thread | None = None
-        self._relay_thread: threading.Thread | None = None
 
     @classmethod
     def for_device(cls, config: PoolConfig, index: int, log: Callable[[str], None] | None = None) -> EngineServer:
         device = config.devices[index]
         name = f"vllm{device}" if device else "vllm"
         return cls(name, vllm_argv(config, index), vllm_env(config, device), config.device_urls()[index], log)
-
-    def start(self) -> None:
-        # A session of its own: the signal that stops it reaches its engine processes too.
-        self.process = subprocess.Popen(
-            self.argv,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            text=True,
-            errors="replace",
-        )
-        self._started_at = time.monotonic()
-        self._relay_thread = threading.Thread(target=self._relay, args=(self.process,), daemon=True)
-        self._relay_thread.start()
-
-    def _relay(self, process: subprocess.Popen) -> None:
-        for line in process.stdout:
-            line = line.rstrip()
-            self.tail.append(line)
-            self.log(line)
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
     def ready(self) -> bool:
         return self.alive() and device_health(self.url, timeout=2.0) == ""
@@ -185,7 +158,7 @@ class EngineServer:
         exits or ``timeout`` passes first (vLLM takes about 100 s to start on 2 CPU cores)."""
         deadline = time.monotonic() + timeout
         while not self.ready():
-            if not self.alive() and self._restart_at is None:
+            if self.gave_up or (not self.alive() and not self.restarting):
                 code = self.process.returncode if self.process else None
                 raise RuntimeError(f"engine {self.name} exited ({code}) before it was ready:\n" + self._tail_text())
             if time.monotonic() > deadline:
@@ -194,26 +167,6 @@ class EngineServer:
 
     def _tail_text(self) -> str:
         return "\n".join(list(self.tail)[-30:])
-
-    def supervise(self) -> None:
-        """One look: a server that died is announced, then started again after its backoff."""
-        if self._stopping.is_set() or self.process is None:
-            return
-        now = time.monotonic()
-        if self._restart_at is None:
-            code = self.process.poll()
-            if code is None:
-                return
-            if now - self._started_at > RESTART_RESET_AFTER_S:
-                self.restarts = 0
-            wait = min(RESTART_BACKOFF_MAX_S, 2.0**self.restarts)
-            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
-            self.log(f"engine {self.name}: exited with {how}; restarting in {wait:g} s (restart {self.restarts + 1})")
-            self._restart_at = now + wait
-        elif now >= self._restart_at:
-            self._restart_at = None
-            self.restarts += 1
-            self.start()
 
     def keep_alive(self, interval: float = 0.5) -> None:
         """Supervise on a thread of its own until ``stop``."""
@@ -225,20 +178,17 @@ class EngineServer:
         self._thread = threading.Thread(target=loop, name=f"supervise-{self.name}", daemon=True)
         self._thread.start()
 
+    def terminate(self) -> None:
+        # The whole group: vLLM's engine-core processes get the signal too.
+        self._stopping.set()
+        if self.alive():
+            os.killpg(self.process.pid, signal.SIGTERM)
+
     def stop(self, timeout: float = 30.0) -> None:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        process = self.process
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        if self._relay_thread is not None:  # its last lines reach ``log`` before stop returns
-            self._relay_thread.join(timeout=5)
+        super().stop(timeout)
 
 
 def pool_register(config: PoolConfig, device_urls: list[str]):

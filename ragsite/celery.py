@@ -11,7 +11,9 @@ Queues:
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterable
 from enum import StrEnum
 
 import kombu
@@ -45,6 +47,27 @@ PRIORITY_SEPARATOR = "\x06\x16"
 def queue_lists(queue: str) -> list[str]:
     """The Redis lists holding ``queue``'s waiting messages, one per priority step."""
     return [queue if step == 0 else f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS]
+
+
+def unacked_restore(queues: Iterable[str]) -> int:
+    """Put the messages that consumers of ``queues`` took and never acknowledged (kombu's
+    Redis ``unacked`` hash) back at the head of their queues now, instead of after the
+    visibility timeout; returns how many.
+
+    Only for a supervisor that knows every consumer of those queues is dead (``manage.py
+    up``, where each queue has one worker and it has just been killed): a live worker's
+    message would run twice.
+    """
+    wanted = set(queues)
+    restored = 0
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        for tag, raw in channel.client.hgetall(channel.unacked_key).items():
+            _payload, _exchange, routing_key = json.loads(raw)
+            if routing_key in wanted:  # each queue's routing key is its name (task_queues below)
+                channel.qos.restore_by_tag(tag, leftmost=True)
+                restored += 1
+    return restored
 
 
 def queue_depth(queue: str, client: redis.Redis | None = None) -> int:

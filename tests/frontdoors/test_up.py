@@ -1,8 +1,12 @@
-"""``manage.py up`` (what ``python3 dev.py up`` runs) on the embedded defaults, twice.
+"""``manage.py up`` (what ``python3 dev.py up`` runs) on the embedded defaults.
 
 The whole system starts with no DATABASE_URL or REDIS_URL: embedded PostgreSQL and
 Redis, migrations, the demo corpus, uvicorn, workers for every queue and beat. Ctrl-C
-stops all of it, and a second run finds the first run's data.
+stops all of it, and a second run at once on the same port (the first run's connections
+still in TIME-WAIT) finds the first run's data. A worker killed with SIGKILL is restarted
+while the web server keeps answering; one killed again and again stops everything with
+that reason. A start refused because another process holds the port leaves no
+PostgreSQL or Redis behind.
 
 Then what ``up`` builds for the GPU pool, without starting it: one threads worker for the
 gpu queue, and with ``GPU_POOL_MODEL`` one vLLM server per ``GPU_DEVICES`` entry (their
@@ -11,6 +15,7 @@ commands and environments checked, none run) and the pool registered as a provid
 
 from __future__ import annotations
 
+import http.client
 import http.cookiejar
 import io
 import json
@@ -19,17 +24,20 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from tests.conftest import PROJECT_ROOT
+from tests.polling import wait_for
 
 
 def _free_port() -> int:
@@ -53,8 +61,8 @@ def _get(url: str) -> tuple[int, bytes]:
 
 
 class System:
-    def __init__(self, var_dir: Path, log_path: Path):
-        self.port = _free_port()
+    def __init__(self, var_dir: Path, log_path: Path, port: int | None = None):
+        self.port = port or _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.env = _env(var_dir)
@@ -100,6 +108,30 @@ class System:
         os.kill(self.process.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process
         return self.process.wait(timeout=90)
 
+    def worker_pid(self, name: str) -> int | None:
+        """The pid of up's Celery worker ``name`` (its main process), if one runs."""
+        for child in psutil.Process(self.process.pid).children():
+            try:
+                if f"{name}@%h" in child.cmdline():
+                    return child.pid
+            except psutil.NoSuchProcess:
+                continue
+        return None
+
+    def document_status(self, name: str) -> str:
+        code = f"from search.models import Document; print(Document.objects.get(source_name={name!r}).status)"
+        return self.manage("shell", "-v", "0", "-c", code).strip()
+
+
+def _processes_using(path: Path) -> list[str]:
+    """Processes whose command line names ``path`` (the embedded PostgreSQL and Redis of a data folder)."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if str(path) in command:
+            found.append(f"{process.info['pid']}: {command}")
+    return found
+
 
 def _admin_login(base: str, username: str, password: str) -> str:
     jar = http.cookiejar.CookieJar()
@@ -115,7 +147,7 @@ def _admin_login(base: str, username: str, password: str) -> str:
 
 
 @pytest.mark.slow
-def test_up_runs_the_whole_system_and_a_second_run_keeps_the_data(tmp_path):
+def test_up_runs_the_whole_system_restarts_a_dead_worker_and_a_second_run_keeps_the_data(tmp_path):
     var_dir = tmp_path / "var"
     first = System(var_dir, tmp_path / "first.log")
     try:
@@ -145,6 +177,11 @@ def test_up_runs_the_whole_system_and_a_second_run_keeps_the_data(tmp_path):
         )
         count = "from search.models import Document; print(Document.objects.count())"
         assert first.manage("shell", "-v", "0", "-c", count).strip() == "6"
+        # A browser's kept-alive connection, open when Ctrl-C comes: the server closes it
+        # first, so its side of it sits in TIME-WAIT when the second run binds the port.
+        kept = http.client.HTTPConnection("127.0.0.1", first.port, timeout=10)
+        kept.request("GET", "/healthz")
+        assert kept.getresponse().read() == b'{"status": "ok"}'
     finally:
         code = first.interrupt()
     log = first.log()
@@ -152,15 +189,148 @@ def test_up_runs_the_whole_system_and_a_second_run_keeps_the_data(tmp_path):
     assert "received SIGINT: stopping" in log
     assert "embedded redis stopped" in log and "embedded postgres stopped" in log
     assert not (var_dir / "pgdata" / "postmaster.pid").exists()
+    time_wait = [
+        c
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_TIME_WAIT and c.laddr and c.laddr.port == first.port
+    ]
+    assert time_wait, "the test meant to leave a connection in TIME-WAIT on the port"
+    kept.close()
 
-    second = System(var_dir, tmp_path / "second.log")
+    # At once, on the same port.
+    second = System(var_dir, tmp_path / "second.log", port=first.port)
+    answers: list[int] = []
+    polling = threading.Event()
+
+    def poll_healthz():
+        while not polling.is_set():
+            answers.append(_get(f"{second.base}/healthz")[0])
+            time.sleep(0.1)
+
+    poller = threading.Thread(target=poll_healthz, daemon=True)
     try:
         second.wait_ready()
         assert "demo corpus: 0 documents added, 6 already present" in second.log()
         assert second.manage("shell", "-v", "0", "-c", count).strip() == "6"
         assert _admin_login(second.base, "ops", "correct horse battery staple") == f"{second.base}/admin/"
+
+        # A worker killed while up runs: restarted, and no document is lost.
+        poller.start()
+        (tmp_path / "before.md").write_text("# Before\n\nUploaded before the ingest worker was killed.")
+        (tmp_path / "after.md").write_text("# After\n\nUploaded once the ingest worker was back.")
+        second.manage("ingest", str(tmp_path / "before.md"), "--queue")
+        killed = second.worker_pid("ingest")
+        os.kill(killed, signal.SIGKILL)
+        not_ready = wait_for(
+            lambda: (r := json.loads(_get(f"{second.base}/readyz")[1]))["status"] == "not ready" and r,
+            30,
+            "readyz saying not ready while the ingest queue has no worker",
+        )
+        assert not_ready["checks"]["queues"]["ingest"]["ok"] is False
+        restarted = wait_for(
+            lambda: (pid := second.worker_pid("ingest")) not in (None, killed) and pid, 60, "the worker restarted"
+        )
+        second.wait_ready()
+        second.manage("ingest", str(tmp_path / "after.md"), "--queue")
+        for name in ("before.md", "after.md"):
+            wait_for(lambda name=name: second.document_status(name) == "indexed", 120, f"{name} indexed")
+        log = second.log()
+        assert "ingest: killed by SIGKILL after" in log and "restarting in 1 s (1 of 5 deaths allowed in 60 s)" in log
+        assert f"ingest: restarted (pid {restarted})" in log
+        polling.set()
+        poller.join(timeout=15)
+        assert answers and set(answers) == {200}, answers  # the web server never stopped answering
+
+        # A worker that keeps dying stops everything, saying why.
+        deadline = time.monotonic() + 180
+        last = None
+        while second.process.poll() is None and time.monotonic() < deadline:
+            pid = second.worker_pid("ingest")
+            if pid is not None and pid != last:
+                os.kill(pid, signal.SIGKILL)
+                last = pid
+            time.sleep(0.05)
+        code = second.process.wait(timeout=90)
     finally:
-        assert second.interrupt() == 0, second.log()[-5000:]
+        polling.set()
+        if second.process.poll() is None:
+            second.interrupt()
+    log = second.log()
+    assert code == 1, log[-5000:]
+    assert "ingest died 5 times in 60 s (last: killed by SIGKILL); everything was stopped" in log, log[-5000:]
+    assert "embedded redis stopped" in log and "embedded postgres stopped" in log
+    assert _processes_using(var_dir) == []
+
+
+@pytest.mark.slow
+def test_a_refused_start_names_the_port_holder_and_leaves_no_service_behind(tmp_path):
+    """Another process really holds the port: up refuses, naming it, and stops the embedded
+    PostgreSQL and Redis it had started."""
+    var_dir = tmp_path / "var"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_A_PORT],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(holder.stdout.readline())
+        refused = subprocess.run(
+            [sys.executable, "manage.py", "up", "--port", str(port), "--no-demo"],
+            cwd=PROJECT_ROOT,
+            env=_env(var_dir),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    output = refused.stdout + refused.stderr
+    assert refused.returncode == 1, output
+    assert f"cannot listen on 127.0.0.1:{port} (Address already in use): process {holder.pid} listens there" in output
+    assert "HOLD_A_PORT" in output  # its command line
+    assert "embedded redis stopped" in output and "embedded postgres stopped" in output
+    assert (var_dir / "pgdata" / "PG_VERSION").exists()  # it had started them
+    assert _processes_using(var_dir) == []
+
+
+# A process that listens on a free port, prints it, and waits (its name in its command line).
+HOLD_A_PORT = """# HOLD_A_PORT
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_port_in_time_wait_is_free_and_a_listened_one_is_refused_naming_its_process():
+    from frontdoors.management.commands.up import Command
+
+    # A connection whose server side closed first: TIME-WAIT on the server's port.
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()
+        time.sleep(0.1)
+        client.close()
+    assert any(c.status == psutil.CONN_TIME_WAIT and c.laddr.port == port for c in psutil.net_connections(kind="tcp"))
+    Command()._refuse_busy_port("127.0.0.1", port)  # free for the web server: no error
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_A_PORT], stdout=subprocess.PIPE, text=True)
+    try:
+        busy = int(holder.stdout.readline())
+        with pytest.raises(CommandError) as refused:
+            Command()._refuse_busy_port("127.0.0.1", busy)
+    finally:
+        holder.kill()
+        holder.wait()
+    message = str(refused.value)
+    assert message.startswith(f"cannot listen on 127.0.0.1:{busy} (Address already in use): process {holder.pid}")
+    assert "HOLD_A_PORT" in message and message.endswith("stop it, or pass --port or set RAGSITE_PORT")
 
 
 def gpu_argv(concurrency: int) -> list[str]:

@@ -8,13 +8,13 @@ suite runs against them.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 
 from tests import embedded_services
+from tests.polling import wait_for
 
 
 @contextmanager
@@ -80,16 +80,3 @@ def postgres_outage():
                 connection.close()
 
     return outage
-
-
-def wait_for(predicate, timeout: float, message):
-    """The first truthy value of ``predicate()`` polled every 0.1 s, or AssertionError with
-    ``message`` (a string, or a callable for one built late) once ``timeout`` seconds passed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(message() if callable(message) else message)
-        time.sleep(0.1)

@@ -37,7 +37,7 @@ from search.answers import answer_create
 from search.models import Answer, Chunk, Document
 from search.services import collection_create, document_create, workspace_create
 from tests.inference.routing_helpers import key_make, provider_make
-from tests.reliability.conftest import wait_for
+from tests.polling import wait_for
 from tests.search.api.conftest import DOCUMENTS
 from tests.search.files import ingest_texts
 from tests.search.test_ingest_worker import long_text

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import random
 import signal
-import time
 
 import psutil
 import pytest
 
 from search.models import Chunk, Document
 from search.services import collection_create, document_create, workspace_create
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -28,16 +28,6 @@ def long_text(sentences: int, seed: int = 1) -> str:
         words = [rng.choice(WORDS) for _ in range(rng.randint(8, 20))]
         lines.append(f"Section {index} says the {' '.join(words)}.")
     return " ".join(lines)
-
-
-def wait_for(predicate, timeout: float, message: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(message)
 
 
 def test_an_uploaded_document_is_ingested_by_the_worker(start_worker, settings):

@@ -3,17 +3,19 @@
 Migrates, loads the demo corpus, then runs the web server (uvicorn, ASGI for
 streaming), Celery workers for every queue, and beat, as child processes whose output
 is prefixed with their name; with ``GPU_POOL_MODEL`` set, also one engine server (vLLM)
-per entry of ``GPU_DEVICES`` (one on the CPU when empty), restarted when it dies, and
-registers that pool. Ctrl-C (or SIGTERM) stops the children gracefully, then the embedded
-PostgreSQL and Redis if this install uses them.
+per entry of ``GPU_DEVICES`` (one on the CPU when empty), and registers that pool. A
+child that dies is restarted with backoff; one that keeps dying stops everything with
+that reason (ragsite/supervision.py). Ctrl-C or SIGTERM stops the children gracefully
+(a second one kills what is left), then the embedded PostgreSQL and Redis if this
+install uses them, however ``up`` ends. docs/operations.md tells the whole story.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -21,6 +23,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+import psutil
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
@@ -28,16 +31,28 @@ from django.core.management.base import BaseCommand, CommandError
 
 from inference.serving import EngineServer, PoolConfig, pool_register
 from ragsite import embedded
+from ragsite.celery import unacked_restore
 from ragsite.env import redact_url
+from ragsite.supervision import SupervisedProcess
+
+# How long children get to stop after SIGTERM before they are killed.
+STOP_TIMEOUT_S = 30.0
 
 
 @dataclass
 class Child:
+    """What to run for one child: its name, command line and environment on top of up's."""
+
     name: str
     argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)  # on top of the supervisor's environment
-    process: subprocess.Popen | None = None
-    reader: threading.Thread | None = field(default=None, repr=False)
+    env: dict[str, str] = field(default_factory=dict)
+    queues: tuple[str, ...] = ()  # a worker's: the only consumer of each under up
+
+
+class Interrupted(BaseException):
+    """A stop signal before the children run: unwinds whatever ``up`` was doing (a
+    migration rolls back) to the clean-up. BaseException, as KeyboardInterrupt, so that no
+    ``except Exception`` on the way swallows it."""
 
 
 class Command(BaseCommand):
@@ -66,9 +81,38 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         # Line-buffered, so the supervisor's lines interleave correctly with the children's.
         sys.stdout.reconfigure(line_buffering=True)
-        self._stopping = threading.Event()
-        self._output_lock = threading.Lock()
+        self._stopping = threading.Event()  # a stop was asked for (or everything is stopping)
+        self._hurry = threading.Event()  # asked twice: kill what is left instead of waiting
+        # Until children start, a stop signal unwinds whatever up is doing (Interrupted);
+        # from then on it only sets _stopping, so that no child is started and forgotten.
+        self._signals_deferred = False
+        # Reentrant: the signal handler writes from the main thread, maybe while it holds it.
+        self._output_lock = threading.RLock()
+        self._processes: list[SupervisedProcess] = []
+        self._engines: list = []
+        self._owns_embedded = False
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._on_signal)
+        reason = None
+        try:
+            reason = self._run(options)
+        except Interrupted:
+            pass
+        finally:
+            # Whatever happened above (a refused start, an exception, a signal): nothing this
+            # up started outlives it.
+            self._signals_deferred = True
+            self._stopping.set()
+            self._stop(self._engines, "engine servers")
+            self._stop(self._processes, "processes")
+            self._stop_embedded_services()
+        if reason:
+            raise CommandError(f"{reason}; everything was stopped")
+
+    def _run(self, options) -> str | None:
+        """Start everything and supervise it; returns why everything must stop, or None."""
         host, port = options["host"], options["port"]
+        self._owns_embedded = self._lock_embedded_services()
         self._refuse_busy_port(host, port)
 
         embedded_pg = " (embedded)" if settings.EMBEDDED_POSTGRES else ""
@@ -80,23 +124,24 @@ class Command(BaseCommand):
             call_command("seed_demo")
 
         self._metrics_dir = self._fresh_metrics_dir()
-        children = self._children(host, port, options)
         self._engines = self._engine_servers()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self._request_stop)
-        exit_code = 0
-        try:
-            for engine in self._engines:
-                engine.start()
-            for child in children:
-                self._start(child)
-            exit_code = self._supervise(children, host, port)
-        finally:
-            self._stop_engines()
-            self._stop_children(children)
-            self._stop_embedded_services()
-        if exit_code:
-            raise CommandError("a child process exited unexpectedly; everything was stopped")
+        self._signals_deferred = True
+        for engine in self._engines:
+            engine.start()
+        for child in self._children(host, port, options):
+            if self._stopping.is_set():
+                return None
+            process = SupervisedProcess(
+                child.name,
+                child.argv,
+                self._child_env(child),
+                log=self._relay_to(child.name),
+                notice=self._say,
+                on_death=self._tasks_back(child.queues) if child.queues else None,
+            )
+            self._processes.append(process)
+            process.start()
+        return self._supervise(host, port)
 
     # ------------------------------------------------------------------ children
 
@@ -139,7 +184,20 @@ class Command(BaseCommand):
     def _worker(python: str, name: str, queues: str, *options: str) -> Child:
         """A Celery worker named ``<name>@<host>`` consuming ``queues``, with ``options`` (pool, concurrency)."""
         argv = [python, "-m", "celery", "-A", "ragsite", "worker", "-Q", queues, "-n", f"{name}@%h", *options]
-        return Child(name, [*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"])
+        return Child(
+            name, [*argv, "--loglevel", "INFO", "--without-gossip", "--without-mingle"], queues=tuple(queues.split(","))
+        )
+
+    @staticmethod
+    def _tasks_back(queues: tuple[str, ...]):
+        """When a worker dies: the tasks it had taken go back to their queues at once (under
+        up it is their queues' only consumer), not after the visibility timeout."""
+
+        def restore() -> str | None:
+            count = unacked_restore(queues)
+            return f"{count} unfinished task(s) back in {', '.join(queues)}" if count else None
+
+        return restore
 
     def _engine_servers(self) -> list[EngineServer]:
         """With GPU_POOL_MODEL set: register the pool, and make one engine server per device
@@ -168,6 +226,11 @@ class Command(BaseCommand):
         return engines
 
     def _engine_log(self, name: str):
+        return self._relay_to(name)
+
+    def _relay_to(self, name: str):
+        """Where a child's lines go: up's output, prefixed with the child's name."""
+
         def log(line: str) -> None:
             with self._output_lock:
                 self.stdout.write(f"{name:<7}| {line}")
@@ -175,9 +238,11 @@ class Command(BaseCommand):
 
         return log
 
-    def _stop_engines(self) -> None:
-        for engine in self._engines:
-            engine.stop()
+    def _say(self, line: str) -> None:
+        """The supervisor's own lines (a child died, restarted, gave up, stopping)."""
+        with self._output_lock:
+            self.stderr.write(line)
+            self.stderr.flush()
 
     def _child_env(self, child: Child) -> dict[str, str]:
         env = dict(os.environ, **child.env)
@@ -199,74 +264,60 @@ class Command(BaseCommand):
                 os.remove(os.path.join(path, name))
         return path
 
-    def _start(self, child: Child) -> None:
-        # A new session: Ctrl-C reaches only this supervisor, which then stops children in order.
-        child.process = subprocess.Popen(
-            child.argv,
-            env=self._child_env(child),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            text=True,
-            errors="replace",
-        )
-        child.reader = threading.Thread(target=self._relay, args=(child,), daemon=True)
-        child.reader.start()
-
-    def _relay(self, child: Child) -> None:
-        assert child.process and child.process.stdout
-        for line in child.process.stdout:
-            with self._output_lock:
-                self.stdout.write(f"{child.name:<7}| {line.rstrip()}")
-                self.stdout.flush()
-
-    def _supervise(self, children: list[Child], host: str, port: int) -> int:
-        """Wait for Ctrl-C; announce readiness once; stop everything if any child dies."""
+    def _supervise(self, host: str, port: int) -> str | None:
+        """Until a stop signal: restart children that die, announce readiness once; returns
+        the reason to stop everything when a child keeps dying."""
         base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         started, announced = time.monotonic(), False
         # vLLM loads and compiles its model first: about 100 s on two CPU cores.
         patience = 900 if self._engines else 120
         while not self._stopping.wait(0.5):
-            for engine in self._engines:  # a dead engine server is restarted, with backoff
-                engine.supervise()
-            for child in children:
-                code = child.process.poll() if child.process else None
-                if code is not None:
-                    self.stderr.write(f"{child.name} exited with status {code}; stopping everything")
-                    return 1
+            for process in [*self._engines, *self._processes]:
+                process.supervise()
+                if process.gave_up:
+                    return process.gave_up
             if not announced:
                 announced = self._ready(base)
                 if announced:
                     self._announce(base)
                 elif time.monotonic() - started > patience:
-                    self.stderr.write(f"not ready after {patience} s; see {base}/readyz")
+                    self._say(f"not ready after {patience} s; see {base}/readyz")
                     announced = True
-        return 0
+        return None
 
-    def _request_stop(self, signum, frame) -> None:
-        if not self._stopping.is_set():
-            self.stdout.write(f"\nreceived {signal.Signals(signum).name}: stopping")
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self._stopping.is_set():
+            if not self._hurry.is_set():
+                self._hurry.set()
+                self._say(f"received {name} again: killing what is still running")
+            return
         self._stopping.set()
+        self._say(f"\nreceived {name}: stopping")
+        if not self._signals_deferred:
+            raise Interrupted(name)
 
-    def _stop_children(self, children: list[Child]) -> None:
-        running = [c for c in children if c.process and c.process.poll() is None]
-        for child in running:
-            child.process.send_signal(signal.SIGTERM)  # Celery: warm shutdown; uvicorn: graceful
-        deadline = time.monotonic() + 30
-        for child in running:
-            try:
-                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.stderr.write(f"{child.name} did not stop in time; killing it")
-                os.killpg(child.process.pid, signal.SIGKILL)
-                child.process.wait()
-        for child in children:
-            if child.reader:
-                child.reader.join(timeout=2)
-        self.stdout.write("all processes stopped")
+    def _stop(self, processes: list[SupervisedProcess], what: str) -> None:
+        """SIGTERM to each, then up to STOP_TIMEOUT_S for all of them (less when asked twice),
+        then SIGKILL to the process group of any still running."""
+        for process in processes:
+            process.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for process in processes:
+            while process.alive() and time.monotonic() < deadline and not self._hurry.is_set():
+                time.sleep(0.1)
+            if process.alive():
+                self._say(f"{process.name} did not stop; killing it")
+            if process.process is not None:
+                process.kill()
+        for process in processes:
+            process.output_flush()
+        if processes:
+            self.stdout.write(f"all {what} stopped")
 
     def _stop_embedded_services(self) -> None:
+        if not self._owns_embedded:
+            return
         if settings.EMBEDDED_REDIS and embedded.default_redis().stop():
             self.stdout.write("embedded redis stopped")
         if settings.EMBEDDED_POSTGRES:
@@ -276,15 +327,43 @@ class Command(BaseCommand):
             if embedded.default_postgres().stop():
                 self.stdout.write("embedded postgres stopped")
 
+    def _lock_embedded_services(self) -> bool:
+        """Whether this up owns the embedded services (and so stops them when it ends): it
+        does unless another up runs on the same data folder, which is then refused."""
+        if not (settings.EMBEDDED_POSTGRES or settings.EMBEDDED_REDIS):
+            return False
+        path = embedded.var_dir() / "up.lock"
+        handle = open(path, "a+")  # held open, so locked, for up's whole life
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise CommandError(
+                f"another `manage.py up` (pid {holder}) runs on {embedded.var_dir()}: stop it first, or give this"
+                " one a data folder of its own with RAGSITE_VAR_DIR"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._up_lock = handle
+        return True
+
     # ------------------------------------------------------------------ readiness
 
     def _refuse_busy_port(self, host: str, port: int) -> None:
+        """Bind as the web server will (SO_REUSEADDR: connections of a previous run still in
+        TIME-WAIT do not count); a port another process listens on is refused, naming it."""
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((host, port))
             except OSError as exc:
                 raise CommandError(
-                    f"cannot listen on {host}:{port} ({exc.strerror}); pass --port or set RAGSITE_PORT"
+                    f"cannot listen on {host}:{port} ({exc.strerror}): {port_holder(port)};"
+                    " stop it, or pass --port or set RAGSITE_PORT"
                 ) from None
 
     def _ready(self, base: str) -> bool:
@@ -302,3 +381,22 @@ class Command(BaseCommand):
         with self._output_lock:
             for line in lines:
                 self.stdout.write(self.style.SUCCESS(line))
+
+
+def port_holder(port: int) -> str:
+    """Which process listens on a TCP port, as far as the system tells this user."""
+    try:
+        listeners = [
+            c for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+        ]
+    except psutil.Error:
+        listeners = []
+    for connection in listeners:
+        if connection.pid:
+            try:
+                process = psutil.Process(connection.pid)
+                command = " ".join(process.cmdline()) or process.name()
+            except psutil.Error:
+                continue
+            return f"process {connection.pid} listens there ({command[:200]})"
+    return "another process listens there (the system does not say which to this user)"
