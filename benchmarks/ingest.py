@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
+from pathlib import Path
 
 from benchmarks.common import CRANFIELD, ROOT, own_databases, report
 
@@ -37,12 +38,10 @@ def main() -> None:
     args = parser.parse_args()
     with own_databases(DATABASE, REDIS_DB, keep=args.keep):
         result = run(args)
-    report("ingest", result)
+    report("ingest", {"corpus": Path(args.corpus).name, **result})
 
 
 def run(args) -> dict:
-    from pathlib import Path
-
     from django.db import transaction
 
     from search import bulk_load as bulk
