@@ -12,8 +12,10 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from django.db import connection
 
 from billing.models import UsageRecord
 from frontdoors.readiness import readiness_summary
@@ -126,7 +128,19 @@ def test_sixteen_concurrent_greedy_answers_each_get_the_text_it_gets_alone(ngram
 
     watcher = threading.Thread(target=watch_batches, daemon=True)
     watcher.start()
-    together = [answer_create(workspace=corpus, question=question) for question in questions]
+    # Asked at once, from 16 threads, as 16 users would: asked one after another, each answer's
+    # retrieval can take longer than the previous one's 32 tokens, and nothing overlaps.
+    barrier = threading.Barrier(len(questions))
+
+    def ask(question: str) -> Answer:
+        barrier.wait()
+        try:
+            return answer_create(workspace=corpus, question=question)
+        finally:
+            connection.close()  # this thread's own
+
+    with ThreadPoolExecutor(max_workers=len(questions)) as asking:
+        together = list(asking.map(ask, questions))
     finished = [wait_for_answer(answer.pk, timeout=120) for answer in together]
     stop.set()
     watcher.join()
