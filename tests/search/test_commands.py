@@ -24,6 +24,21 @@ def write_beir(directory, documents, queries, qrels):
     )
 
 
+def write_mini(directory):
+    """Three judged abstracts, an empty entry (refused, not fatal) and an unjudged question."""
+    write_beir(
+        directory,
+        documents=[
+            ("d1", "Wing flutter", "Flutter of thin wings at supersonic speed."),
+            ("d2", "Heat transfer", "Heat transfer in a laminar boundary layer."),
+            ("d3", "Nozzle flow", "Flow in a convergent nozzle with a shock."),
+            ("d4", "", ""),
+        ],
+        queries=[("q1", "supersonic wing flutter"), ("q2", "laminar heat transfer"), ("q3", "unjudged")],
+        qrels=[("q1", "d1", 2), ("q2", "d2", 1), ("q2", "d3", 1)],
+    )
+
+
 def test_metrics_match_hand_computed_values():
     judged = {"a": 2, "b": 1}
     # a at rank 2, b at rank 3: DCG = 2/log2(3) + 1/log2(4); ideal = 2/log2(2) + 1/log2(3)
@@ -37,17 +52,7 @@ def test_metrics_match_hand_computed_values():
 @pytest.mark.django_db
 def test_eval_retrieval_prints_exact_figures_as_its_last_line(tmp_path, settings):
     settings.MEDIA_ROOT = tmp_path / "media"
-    write_beir(
-        tmp_path / "mini",
-        documents=[
-            ("d1", "Wing flutter", "Flutter of thin wings at supersonic speed."),
-            ("d2", "Heat transfer", "Heat transfer in a laminar boundary layer."),
-            ("d3", "Nozzle flow", "Flow in a convergent nozzle with a shock."),
-            ("d4", "", ""),  # empty entries are refused, not fatal
-        ],
-        queries=[("q1", "supersonic wing flutter"), ("q2", "laminar heat transfer"), ("q3", "unjudged")],
-        qrels=[("q1", "d1", 2), ("q2", "d2", 1), ("q2", "d3", 1)],
-    )
+    write_mini(tmp_path / "mini")
     out = io.StringIO()
     call_command("eval_retrieval", str(tmp_path / "mini"), "--mode", "keyword", stdout=out, stderr=io.StringIO())
     result = json.loads(out.getvalue().strip().splitlines()[-1])
@@ -71,17 +76,7 @@ def test_eval_retrieval_prints_exact_figures_as_its_last_line(tmp_path, settings
 @pytest.mark.django_db(transaction=True)
 def test_eval_retrieval_against_the_references(tmp_path, settings):
     settings.MEDIA_ROOT = tmp_path / "media"
-    write_beir(
-        tmp_path / "mini",
-        documents=[
-            ("d1", "Wing flutter", "Flutter of thin wings at supersonic speed. The wing bends."),
-            ("d2", "Heat transfer", "Heat transfer in a laminar boundary layer. The wall is cold."),
-            ("d3", "Nozzle flow", "Flow in a convergent nozzle with a shock. The shock stands."),
-            ("d4", "", ""),
-        ],
-        queries=[("q1", "supersonic wing flutter"), ("q2", "laminar heat transfer")],
-        qrels=[("q1", "d1", 2), ("q2", "d2", 1), ("q2", "d3", 1)],
-    )
+    write_mini(tmp_path / "mini")
     out = io.StringIO()
     arguments = ["--references", "--long-questions", "5", "--language", "english"]
     call_command("eval_retrieval", str(tmp_path / "mini"), *arguments, stdout=out, stderr=io.StringIO())

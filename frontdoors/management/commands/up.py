@@ -217,16 +217,13 @@ class Command(BaseCommand):
         engines = []
         for index in range(len(config.devices)):
             engine = EngineServer.for_device(config, index)
-            engine.log = self._engine_log(engine.name)
+            engine.log = self._relay_to(engine.name)
             engines.append(engine)
         pool_register(config, [engine.url for engine in engines])
         self.stdout.write(
             f"pool {config.name}: {config.model} ({config.speculative}, k={config.k}) on {len(engines)} device(s)"
         )
         return engines
-
-    def _engine_log(self, name: str):
-        return self._relay_to(name)
 
     def _relay_to(self, name: str):
         """Where a child's lines go: up's output, prefixed with the child's name."""

@@ -19,12 +19,12 @@ import json
 import random
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db.models import Count
 from tqdm import tqdm
 
 from search import bulk_load as bulk
@@ -84,13 +84,6 @@ class Command(BaseCommand):
         judged = [qid for qid in queries if qid in qrels]
         if not judged:
             raise CommandError(f"no query of queries.jsonl is judged in qrels/{split}.tsv")
-        self.multi_chunk_documents = (
-            Chunk.objects.filter(collection=self.collection, embedding_model=self.collection.embedding_model)
-            .values("document_id")
-            .annotate(chunks=Count("id"))
-            .filter(chunks__gt=1)
-            .count()
-        )
         self.beir_ids = {
             pk: meta.get("beir_ids", [])
             for pk, meta in Document.objects.filter(collection=self.collection).values_list("pk", "metadata")
@@ -146,6 +139,14 @@ class Command(BaseCommand):
         ids = [document.id for document in corpus]
         texts = [document.content() for document in corpus]
         out: dict = {}
+        # The chunks we index, read once: bm25s ranks them too (the same units as ours).
+        self.chunks = list(
+            Chunk.objects.filter(collection=self.collection, embedding_model=self.collection.embedding_model)
+            .order_by("pk")
+            .values_list("document_id", "text")
+        )
+        per_document = Counter(document_id for document_id, _ in self.chunks)
+        self.multi_chunk_documents = sum(1 for count in per_document.values() if count > 1)
 
         def as_ids(rankings: list[list[int]]) -> list[list[str]]:
             return [[ids[i] for i in ranking] for ranking in rankings]
@@ -206,11 +207,7 @@ class Command(BaseCommand):
         (a document ranked by its best chunk, as ours is), and with bm25s over whole
         documents, which also counts what chunking changes: a document longer than the
         embedder's window is scored by its best passage instead of as a whole."""
-        chunks = list(
-            Chunk.objects.filter(collection=self.collection, embedding_model=self.collection.embedding_model)
-            .order_by("pk")
-            .values_list("document_id", "text")
-        )
+        chunks = self.chunks
         per_chunk = reference.bm25_rankings(
             [text for _, text in chunks], questions, depth=DEPTH * 3, k1=settings.BM25_K1, b=settings.BM25_B
         )
