@@ -28,12 +28,15 @@ the next, after an untimed warm-up of each: the machine's drift falls on both al
 direct); ``overhead_total_p50_ms`` likewise.
 
 Where the time goes (medians over the gateway's requests, from each answer's own record):
-``web_to_submit_ms``, from the answer's row to the message on the queue (the plan, the
-prompt, admission); ``queue_ms``, from the message to the worker's attempt; ``worker_ttft_ms``,
-the attempt's own time to its first token from the stand-in (the worker's HTTP call);
-``before_answer_and_relay_ms``, the client's TTFT minus the answer's own (from its row to its
-first token in Redis): the request's parsing and authentication before the row, and the relay
-from Redis to the client. A database of its own (``ragsite_bench_gateway``, dropped after
+``request_to_row_ms`` (the answer's ``request_ms``), from the request reaching the middleware
+to the answer's row: authentication, the body, the route; ``row_to_prompt_ms``
+(``submit_ms``): the plan, retrieval, the prompt; ``prompt_to_worker_ms`` (``queue_ms``): the
+row's update, admission, the message on the queue, the broker hop, the worker's pickup;
+``worker_ttft_ms``: the attempt's own time to its first token from the stand-in (the worker's
+HTTP call); ``http_and_relay_ms``, the client's TTFT minus ``request_ms`` minus the answer's
+``ttft_ms`` (row to first token in Redis): the HTTP request up to the middleware (uvicorn,
+Django's handler) and the relay from Redis to the client (the stream's read, the response's
+start, the first chunks). A database of its own (``ragsite_bench_gateway``, dropped after
 unless ``--keep``) and Redis database 10, emptied first.
 """
 
@@ -181,12 +184,15 @@ def _breakdown(Answer, UsageRecord, client_ttfts: list[float], args) -> dict:
     if rows != expected:
         raise SystemExit(f"{rows} ledger rows for {expected} answers")
     answers = list(Answer.objects.order_by("created_at"))[args.warmup :]
-    parts = {"web_to_submit_ms": [], "queue_ms": [], "worker_ttft_ms": [], "before_answer_and_relay_ms": []}
+    parts = {name: [] for name in ("request_to_row_ms", "row_to_prompt_ms", "prompt_to_worker_ms", "worker_ttft_ms")}
+    parts["http_and_relay_ms"] = []
     for answer, client_ttft in zip(answers, client_ttfts, strict=True):
-        parts["web_to_submit_ms"].append(answer.timings["submit_ms"])
-        parts["queue_ms"].append(answer.timings["queue_ms"])
+        timings = answer.timings
+        parts["request_to_row_ms"].append(timings["request_ms"])
+        parts["row_to_prompt_ms"].append(timings["submit_ms"])
+        parts["prompt_to_worker_ms"].append(timings["queue_ms"])
         parts["worker_ttft_ms"].append(answer.stats["time_to_first_token_ms"])
-        parts["before_answer_and_relay_ms"].append(client_ttft - answer.timings["ttft_ms"])
+        parts["http_and_relay_ms"].append(client_ttft - timings["request_ms"] - timings["ttft_ms"])
     return {name: round(statistics.median(values), 2) for name, values in parts.items()}
 
 

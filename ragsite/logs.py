@@ -39,12 +39,19 @@ _SANE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{7,63}$")
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 task_var: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("celery_task", default=None)
+# When the web request being served reached the middleware (Unix seconds), for the timings
+# of what it starts (an answer's request_ms); None outside a request.
+request_received_var: contextvars.ContextVar[float | None] = contextvars.ContextVar("request_received", default=None)
 
 access_logger = logging.getLogger("ragsite.request")
 
 
 def current_request_id() -> str | None:
     return request_id_var.get()
+
+
+def request_received_at() -> float | None:
+    return request_received_var.get()
 
 
 def sane_request_id(value: str | None) -> str | None:
@@ -208,9 +215,15 @@ class RequestIdMiddleware:
         if iscoroutinefunction(get_response):
             markcoroutinefunction(self)
 
-    def _begin(self, request) -> tuple[contextvars.Token, float]:
+    def _begin(self, request) -> tuple[tuple[contextvars.Token, contextvars.Token], float]:
         request.request_id = sane_request_id(request.headers.get(HEADER)) or new_request_id()
-        return request_id_var.set(request.request_id), time.perf_counter()
+        tokens = request_id_var.set(request.request_id), request_received_var.set(time.time())
+        return tokens, time.perf_counter()
+
+    @staticmethod
+    def _reset(tokens) -> None:
+        request_id_var.reset(tokens[0])
+        request_received_var.reset(tokens[1])
 
     def _end(self, request, response, token, started):
         response[HEADER] = request.request_id
@@ -226,7 +239,7 @@ class RequestIdMiddleware:
                 "duration_ms": round((time.perf_counter() - started) * 1000, 1),
             },
         )
-        request_id_var.reset(token)
+        self._reset(token)
         return response
 
     def __call__(self, request):
@@ -236,7 +249,7 @@ class RequestIdMiddleware:
         try:
             response = self.get_response(request)
         except BaseException:
-            request_id_var.reset(token)
+            self._reset(token)
             raise
         return self._end(request, response, token, started)
 
@@ -245,7 +258,7 @@ class RequestIdMiddleware:
         try:
             response = await self.get_response(request)
         except BaseException:
-            request_id_var.reset(token)
+            self._reset(token)
             raise
         return self._end(request, response, token, started)
 

@@ -19,6 +19,7 @@ import logging
 from django.db import InterfaceError as DatabaseInterfaceError
 from django.db import OperationalError as DatabaseOperationalError
 from django.http import HttpResponse
+from django.utils.deprecation import MiddlewareMixin
 from kombu.exceptions import OperationalError as BrokerOperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -46,15 +47,12 @@ def log_outage(service: str, request, exc: BaseException) -> None:
     logger.warning("%s %s: %s is unavailable (%s: %s)", request.method, request.path, service, type(exc).__name__, exc)
 
 
-class OutageMiddleware:
+class OutageMiddleware(MiddlewareMixin):
     """503 for a view (outside the two APIs, which answer in their own shapes) that failed
-    because the database or Redis is down."""
+    because the database or Redis is down.
 
-    def __init__(self, get_response):
-        self.get_response = get_response
-
-    def __call__(self, request):
-        return self.get_response(request)
+    Sync and async capable (``MiddlewareMixin``): under ASGI a synchronous-only middleware
+    makes Django run every request's inner chain through two thread hops."""
 
     def process_exception(self, request, exc):
         service = outage_of(exc)

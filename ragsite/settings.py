@@ -78,6 +78,8 @@ MIDDLEWARE = [
     "ragsite.overload.InFlightLimitMiddleware",
     # X-Request-ID in and out, and in every log line and task of the request (ragsite/logs.py).
     "ragsite.logs.RequestIdMiddleware",
+    # Django's own hooks, and django-csp's, run in the event loop under ASGI rather than in a
+    # thread each (ragsite/async_middleware.py).
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
     "servestatic.middleware.ServeStaticMiddleware",

@@ -51,6 +51,7 @@ from inference.errors import NoRouteConfigured, RouteNotFound, RouteUnavailable,
 from inference.models import Route
 from inference.streams import TERMINAL, StreamWriter, stream_aread, stream_events, stream_key, stream_read
 from ragsite.errors import DomainError
+from ragsite.logs import request_received_at
 from ragsite.redis import redis_async_client, redis_client
 from search import prompting
 from search.extractive import extractive_answer
@@ -120,7 +121,10 @@ def answer_create(
 
     started = time.perf_counter()
     answer = Answer.objects.create(workspace=workspace, asker=asker, client_id=client_id, question=question)
-    answer.collections.set(chosen)
+    received = request_received_at()
+    if received is not None:  # from the request's arrival to the row: authentication, parsing, the route
+        answer.timings["request_ms"] = round(max(0.0, answer.created_at.timestamp() - received) * 1000, 2)
+    answer.collections.add(*chosen)  # a new row: add, where set would read the row's links first
     answer.client_key = client_key  # for this call only; the ledger rows record it
     try:
         return _answer_run(answer, chosen, route_name, top_k, max_tokens, temperature, started, speculative)
@@ -182,7 +186,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     except SearchError as exc:
         raise AnswerError("collections", str(exc)) from None
     sources = prompting.sources_from_hits(result.hits)
-    answer.timings = {"retrieve_ms": _ms_since(retrieve_started)}
+    answer.timings["retrieve_ms"] = _ms_since(retrieve_started)
 
     if plan is None:
         first = collections[0] if collections else None
@@ -586,10 +590,16 @@ def _stored_events(answer: Answer, after: str) -> list[tuple[str, str, dict]] | 
     return events
 
 
-async def answer_stream_aread(answer_id, *, after: str = "0", block_ms: int = 15000):
+async def answer_stream_aread(answer_id, *, after: str = "0", block_ms: int = 15000, generating: bool = False):
     """``answer_stream_read`` for async views (Server-Sent Events under ASGI): the same
-    events, the stored answer replayed when its stream has expired or never started."""
-    if not await redis_async_client().exists(stream_key(str(answer_id))):
+    events, the stored answer replayed when its stream has expired or never started.
+
+    ``generating``: the caller has just seen the answer generating (it started it). Every
+    way a generating answer ends writes its stream's last event (the generation, or
+    ``answer_fail(end_stream=True)``), so its stream is read at once, without the round
+    trips that look for a stored answer first: they were on every streamed answer's time
+    to first token, since its stream does not exist yet when the reader starts."""
+    if not generating and not await redis_async_client().exists(stream_key(str(answer_id))):
         answer = await sync_to_async(Answer.objects.only("status", "text", "stats", "error").get)(pk=answer_id)
         replayed = _stored_events(answer, after)
         if replayed is not None:

@@ -252,7 +252,8 @@ class Answer(models.Model):
         default=0, help_text="Citations of a source number the prompt did not give."
     )
     stats = models.JSONField(default=dict, blank=True)
-    # retrieve_ms, prompt_ms, queue_ms, ttft_ms, total_ms.
+    # request_ms (the request's arrival to this row, when a web request started it), then from
+    # the row: retrieve_ms, prompt_ms, submit_ms, queue_ms, ttft_ms, total_ms.
     timings = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -253,16 +253,23 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
     return Started(answer=answer, model=model, created=int(answer.created_at.timestamp()))
 
 
-async def answer_events(answer_id) -> AsyncIterator[tuple[str, dict]]:
+async def answer_events(started: Started) -> AsyncIterator[tuple[str, dict]]:
     """The answer's ``delta``, then ``stats`` or ``error`` events; ``("keepalive", {})`` after
     each quiet slice (and for map-reduce progress). Retry announcements are skipped. A
     stream quiet for longer than a request can take (``ROUTER_DEADLINE_S`` plus the time a
     request may wait in its queue) ends with an ``error`` of kind ``timeout``."""
     idle_limit_s = settings.ROUTER_DEADLINE_S + limits.RESERVATION_MARGIN_S
     after, idle_s = "0", 0.0
+    # The first read knows the answer is generating (it was just started); after a quiet
+    # slice the stored answer is looked at again.
+    generating = started.answer.status == Answer.Status.GENERATING
     while True:
         try:
-            async with aclosing(answers.answer_stream_aread(answer_id, after=after, block_ms=READ_SLICE_MS)) as events:
+            events = answers.answer_stream_aread(
+                started.answer.id, after=after, block_ms=READ_SLICE_MS, generating=generating
+            )
+            generating = False
+            async with aclosing(events):
                 async for event_id, kind, data in events:
                     after, idle_s = event_id, 0.0
                     if kind in ("delta", "stats", "error"):

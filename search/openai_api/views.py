@@ -64,11 +64,15 @@ def api_view(*methods: str):
     return decorate
 
 
-async def _authenticate(request, scope: str | None) -> ClientKey:
+def _authenticate_sync(request, scope: str | None) -> ClientKey:
     try:
-        return await sync_to_async(client_keys.client_key_authenticate)(client_keys.bearer_token(request), scope=scope)
+        return client_keys.client_key_authenticate(client_keys.bearer_token(request), scope=scope)
     except client_keys.ClientKeyError as exc:
         raise from_domain(exc) from None
+
+
+async def _authenticate(request, scope: str | None) -> ClientKey:
+    return await sync_to_async(_authenticate_sync)(request, scope)
 
 
 def _body(request):
@@ -123,11 +127,9 @@ async def model_retrieve(request, model_id: str):
 
 @api_view("POST")
 async def chat_completions(request):
-    key = await _authenticate(request, ClientKey.Scope.GENERATE)
-    chat = chat_api.request_parse(_body(request))
-    started = await sync_to_async(chat_api.answer_start)(key, chat)
+    chat, started = await sync_to_async(_chat_start)(request)
     completion = chat_api.ChatCompletion(started)
-    events = chat_api.answer_events(started.answer.id)
+    events = chat_api.answer_events(started)
     if not chat.stream:
         async with aclosing(events):
             async for kind, data in events:
@@ -151,6 +153,15 @@ async def chat_completions(request):
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
     return _with_request_id(response, started)
+
+
+def _chat_start(request) -> tuple[chat_api.ChatRequest, chat_api.Started]:
+    """Authentication, the request, the answer's start: one trip to the thread that runs
+    the synchronous database work (a trip for the key and another for the answer were both
+    on every completion's time to first token). A bad key is refused before a bad body."""
+    key = _authenticate_sync(request, ClientKey.Scope.GENERATE)
+    chat = chat_api.request_parse(_body(request))
+    return chat, chat_api.answer_start(key, chat)
 
 
 def _with_request_id(response, started: chat_api.Started):

@@ -21,10 +21,11 @@ from billing.pricing import cost_of
 from inference.errors import RouteNotFound, RouteUnavailable
 from inference.models import Provider, Route, UpstreamKey
 from inference.streams import StreamWriter
+from ragsite.logs import request_received_var
 from search import answers
 from search.answers import AnswerError, answer_create, answer_fail, answer_stream_read
 from search.extractive import LEAD
-from search.models import Answer, Chunk, Collection, Document
+from search.models import Answer, Chunk, Collection, Document, Membership
 from search.prompting import RemoteEstimate, Source, answer_messages, budget_for
 from search.selectors import chunk_search
 from search.services import collection_create, workspace_create
@@ -331,6 +332,31 @@ def test_an_extractive_answer_over_no_documents_says_so(db):
     answer = answer_create(workspace=workspace, question="Anything?")
     assert (answer.mode, answer.status, answer.sources, answer.citations) == ("extractive", "done", [], [])
     assert answer.text == "The searched collections hold no passage that matches the question."
+
+
+def test_an_answer_a_request_started_records_the_time_from_the_request_to_its_row(db, client):
+    workspace = workspace_create(name="Empty", slug="empty")
+    token = request_received_var.set(time.time() - 0.25)  # as the middleware sets it
+    try:
+        started = time.time()
+        during = answer_create(workspace=workspace, question="Anything?")
+        took_ms = (time.time() - started) * 1000
+    finally:
+        request_received_var.reset(token)
+    assert 250 <= during.timings["request_ms"] <= 250 + took_ms
+    assert Answer.objects.get(pk=during.pk).timings["request_ms"] == during.timings["request_ms"]
+    assert "request_ms" not in answer_create(workspace=workspace, question="Anything?").timings  # no request
+
+    # Through the middleware: the stamp is the request's own, and it is gone after it.
+    user = get_user_model().objects.create_user("ann")
+    Membership.objects.create(workspace=workspace, user=user)
+    client.force_login(user)
+    started = time.time()
+    assert client.post("/ask/", {"q": "Anything at all?"}).status_code == 302
+    took_ms = (time.time() - started) * 1000
+    asked = Answer.objects.get(question="Anything at all?")
+    assert 0 <= asked.timings["request_ms"] <= took_ms
+    assert request_received_var.get() is None
 
 
 # --------------------------------------------------------------------------- with workers
