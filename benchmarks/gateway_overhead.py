@@ -184,8 +184,8 @@ def _breakdown(Answer, UsageRecord, client_ttfts: list[float], args) -> dict:
     if rows != expected:
         raise SystemExit(f"{rows} ledger rows for {expected} answers")
     answers = list(Answer.objects.order_by("created_at"))[args.warmup :]
-    parts = {name: [] for name in ("request_to_row_ms", "row_to_prompt_ms", "prompt_to_worker_ms", "worker_ttft_ms")}
-    parts["http_and_relay_ms"] = []
+    names = ("request_to_row_ms", "row_to_prompt_ms", "prompt_to_worker_ms", "worker_ttft_ms", "http_and_relay_ms")
+    parts = {name: [] for name in names}
     for answer, client_ttft in zip(answers, client_ttfts, strict=True):
         timings = answer.timings
         parts["request_to_row_ms"].append(timings["request_ms"])

@@ -16,16 +16,9 @@ from __future__ import annotations
 
 import django
 from asgiref.sync import sync_to_async
-from csp.middleware import CSPMiddleware
 from django.conf import settings
-from django.contrib.auth.middleware import AuthenticationMiddleware
-from django.contrib.messages.middleware import MessageMiddleware
-from django.contrib.sessions.middleware import SessionMiddleware
 from django.core.exceptions import ImproperlyConfigured
-from django.middleware.clickjacking import XFrameOptionsMiddleware
-from django.middleware.common import CommonMiddleware
-from django.middleware.csrf import CsrfViewMiddleware
-from django.middleware.security import SecurityMiddleware
+from django.utils.module_loading import import_string
 
 # The Django whose hooks were read for this (requirements.txt pins it).
 DJANGO_VERIFIED = (5, 2)
@@ -48,16 +41,19 @@ def _never(request) -> bool:
     return False
 
 
-# Each middleware whose hooks run in the event loop, and when its process_response needs the thread.
+CSRF = "django.middleware.csrf.CsrfViewMiddleware"
+# Each middleware whose hooks run in the event loop, and when its process_response needs the
+# thread. By dotted path, as MIDDLEWARE names them; imported by ``install`` (the
+# authentication and session middleware need the apps ready).
 INLINE = {
-    SecurityMiddleware: _never,
-    CSPMiddleware: _never,
-    SessionMiddleware: _session_needs_thread,  # process_request makes a lazy session
-    CommonMiddleware: _never,
-    CsrfViewMiddleware: _never,  # the token lives in a cookie (CSRF_USE_SESSIONS is checked)
-    AuthenticationMiddleware: _never,  # request.user is lazy: read by a view, in its thread
-    MessageMiddleware: _messages_need_thread,
-    XFrameOptionsMiddleware: _never,
+    "django.middleware.security.SecurityMiddleware": _never,
+    "csp.middleware.CSPMiddleware": _never,
+    "django.contrib.sessions.middleware.SessionMiddleware": _session_needs_thread,  # a lazy session
+    "django.middleware.common.CommonMiddleware": _never,
+    CSRF: _never,  # the token lives in a cookie (CSRF_USE_SESSIONS is checked)
+    "django.contrib.auth.middleware.AuthenticationMiddleware": _never,  # request.user is lazy: read in a view's thread
+    "django.contrib.messages.middleware.MessageMiddleware": _messages_need_thread,
+    "django.middleware.clickjacking.XFrameOptionsMiddleware": _never,
 }
 
 
@@ -77,19 +73,19 @@ def _inline_acall(response_needs_thread):
     return __acall__
 
 
-def _csrf_init(init):
+def _csrf_init(csrf_middleware):
     """Under ASGI the instance's ``process_view`` is a coroutine, which Django awaits as is."""
+    init, process_view = csrf_middleware.__init__, csrf_middleware.process_view
+
+    async def process_view_inline(self, request, callback, callback_args, callback_kwargs):
+        return process_view(self, request, callback, callback_args, callback_kwargs)
 
     def __init__(self, get_response):
         init(self, get_response)
         if self.async_mode:
-            self.process_view = _csrf_process_view_inline.__get__(self)
+            self.process_view = process_view_inline.__get__(self)
 
     return __init__
-
-
-async def _csrf_process_view_inline(self, request, callback, callback_args, callback_kwargs):
-    return CsrfViewMiddleware.process_view(self, request, callback, callback_args, callback_kwargs)
 
 
 _installed = False
@@ -99,17 +95,18 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    own = [middleware.__name__ for middleware in INLINE if {"__call__", "__acall__"} & set(vars(middleware))]
+    classes = {path: import_string(path) for path in INLINE}
+    own = [path for path, middleware in classes.items() if {"__call__", "__acall__"} & set(vars(middleware))]
     if django.VERSION[:2] != DJANGO_VERIFIED or own:
         raise ImproperlyConfigured(
             f"ragsite/async_middleware.py patches Django's middleware, verified on Django "
             f"{'.'.join(map(str, DJANGO_VERIFIED))}; this is {django.get_version()} "
             f"({', '.join(own) or 'none'} with a call of its own): check it and update DJANGO_VERIFIED"
         )
-    for middleware, response_needs_thread in INLINE.items():
-        if middleware is CsrfViewMiddleware and settings.CSRF_USE_SESSIONS:
-            continue  # its hooks read and write the session: left to Django's threads
-        if middleware is CsrfViewMiddleware:
-            middleware.__init__ = _csrf_init(middleware.__init__)
-        middleware.__acall__ = _inline_acall(response_needs_thread)
+    for path, middleware in classes.items():
+        if path == CSRF:
+            if settings.CSRF_USE_SESSIONS:
+                continue  # its hooks read and write the session: left to Django's threads
+            middleware.__init__ = _csrf_init(middleware)
+        middleware.__acall__ = _inline_acall(INLINE[path])
     _installed = True
