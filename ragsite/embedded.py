@@ -74,6 +74,8 @@ class EmbeddedPostgres:
         """Start (or reuse) the server, create the database if missing, return its URL."""
         with _file_lock(self.data_dir.parent / f".{self.data_dir.name}.lock"):
             server = self._server()
+            if not self.is_running():  # stopped since this process first asked: the handle is reused
+                server.ensure_postgres_running()
             socket_dir = parse_qs(urlsplit(server.get_uri()).query)["host"][0]
             if self._tune(socket_dir):
                 # shared_buffers takes effect at start: restart once, right after tuning.
@@ -84,16 +86,12 @@ class EmbeddedPostgres:
         return f"postgresql://postgres@{quote(socket_dir, safe='')}/{self.database}"
 
     def _tune(self, socket_dir: str) -> bool:
-        """Size memory settings for this machine once (initdb's defaults assume 128 MB).
+        """Size settings for this machine (initdb's defaults assume 128 MB and 100 clients),
+        again whenever what this code wants differs from what the data directory was given.
 
         Returns True when a restart is needed. Skipped while other clients are connected,
         so that a running system is never restarted under its feet.
         """
-        marker = self.data_dir / "ragsite-tuned"
-        if marker.exists():
-            return False
-        import psycopg
-
         memory = _memory_bytes()
         settings = {
             "shared_buffers": f"{max(128, min(memory // 4, 1 << 30) >> 20)}MB",
@@ -102,7 +100,16 @@ class EmbeddedPostgres:
             "maintenance_work_mem": f"{max(64, min(memory // 16, 1 << 30) >> 20)}MB",
             "random_page_cost": "1.1",
             "max_wal_size": "2GB",
+            # `up` on its defaults holds about 100 at once under load (the web pool, the
+            # gpu and remote workers' threads, the ingest processes), more when raised.
+            "max_connections": "300",
         }
+        marker = self.data_dir / "ragsite-tuned"
+        wanted = "".join(f"{k} = {v}\n" for k, v in settings.items())
+        if marker.exists() and marker.read_text() == wanted:
+            return False
+        import psycopg
+
         with psycopg.connect(host=socket_dir, user="postgres", dbname="postgres", autocommit=True) as conn:
             others = conn.execute(
                 "SELECT count(*) FROM pg_stat_activity"
@@ -112,7 +119,7 @@ class EmbeddedPostgres:
                 return False
             for name, value in settings.items():
                 conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-        marker.write_text("".join(f"{k} = {v}\n" for k, v in settings.items()))
+        marker.write_text(wanted)
         return True
 
     def _ensure_database(self, socket_dir: str) -> None:

@@ -139,11 +139,12 @@ DATABASES["default"]["OPTIONS"] = {
 # checks each before lending it, so the first request after a database restart succeeds.
 # Workers (one thread per process, or a fixed set of threads) keep persistent connections.
 DATABASE_POOL = env_choice("DATABASE_POOL", "auto", ("auto", "on", "off"))
+DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 20, minimum=1)
 if DATABASE_POOL == "on" or (DATABASE_POOL == "auto" and os.environ.get("RAGSITE_SERVER") == "asgi"):
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them instead
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": 2,
-        "max_size": env_int("DATABASE_POOL_MAX_SIZE", 20, minimum=1),
+        "max_size": DATABASE_POOL_MAX_SIZE,
         "timeout": env_float("DATABASE_POOL_TIMEOUT_S", 10.0, minimum=0.1),
     }  # Django adds the pool's check of each connection lent (CONN_HEALTH_CHECKS)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -365,6 +365,26 @@ def test_the_gpu_queue_gets_one_threads_worker_whatever_the_devices(settings):
     assert (gpu.name, gpu.env, gpu.argv) == ("gpu", {}, gpu_argv(12))
 
 
+@pytest.mark.django_db
+def test_up_warns_when_postgresql_takes_fewer_connections_than_its_children_can_hold(settings):
+    from frontdoors.management.commands.up import Command
+
+    settings.DATABASE_POOL, settings.DATABASE_POOL_MAX_SIZE = "auto", 20
+    settings.GPU_WORKER_CONCURRENCY, settings.REMOTE_WORKER_CONCURRENCY = 64, 16
+    # The test database is an embedded PostgreSQL, tuned as up's: 300 connections, 3 reserved.
+    assert Command._connections_warning({"ingest_concurrency": 2}) is None  # 102 of 297
+    assert Command._connections_warning({"ingest_concurrency": 2, "gpu_concurrency": 259}) is None  # 297
+
+    warning = Command._connections_warning({"ingest_concurrency": 2, "gpu_concurrency": 260})
+    assert warning == (
+        "warning: PostgreSQL takes 297 client connections and the processes up starts can hold 298 at once "
+        "(web 20, ingest 2, gpu 260, remote 16): under load some will be refused. Raise PostgreSQL's "
+        "max_connections, or lower DATABASE_POOL_MAX_SIZE, --gpu-concurrency or --remote-concurrency"
+    )
+    settings.DATABASE_POOL, settings.WEB_MAX_IN_FLIGHT = "off", 300  # a connection per request in flight
+    assert "(web 300, ingest 2, gpu 64, remote 16)" in Command._connections_warning({"ingest_concurrency": 2})
+
+
 def test_gpu_concurrency_replaced_gpu_workers():
     from frontdoors.management.commands.up import Command
 

@@ -328,6 +328,30 @@ def test_web_does_not_keep_database_connections_under_asgi(services):
     assert environment(services["web"])["DATABASE_CONN_MAX_AGE"] == "0"
 
 
+def test_the_database_takes_the_connections_the_app_services_can_hold(raw_compose, services, django_ready):
+    """PostgreSQL's default max_connections (100) is fewer than the web pools and the
+    workers' threads hold at once under load; the db service raises it, with room left for
+    the prefork worker's processes (one per CPU), beat and one-shot commands."""
+    from django.conf import settings
+
+    db_args = argv(services["db"]["command"])
+    assert db_args[0] == "postgres"
+    settings_given = dict(value.split("=", 1) for value in option_values(db_args, "-c"))
+    assert settings_given == {"max_connections": "300"}
+    available = int(settings_given["max_connections"]) - 3  # superuser_reserved_connections
+    web_workers = int(gunicorn_args(argv(services["web"]["command"])).workers)
+    pool_size = int(environment(services["web"]).get("DATABASE_POOL_MAX_SIZE", settings.DATABASE_POOL_MAX_SIZE))
+    held = (
+        web_workers * pool_size
+        + int(single_option(argv(services["gpu-worker"]["command"]), "-c", "--concurrency"))
+        + int(single_option(argv(services["remote-worker"]["command"]), "-c", "--concurrency"))
+    )
+    assert (web_workers, pool_size, held) == (2, 20, 120)
+    assert available - held >= 64  # a 64-CPU host's prefork worker, beat, commands
+    raised = interpolate(raw_compose, {**DOTENV, "POSTGRES_MAX_CONNECTIONS": "500"})["services"]["db"]
+    assert argv(raised["command"]) == ["postgres", "-c", "max_connections=500"]
+
+
 def test_web_healthcheck_hits_healthz_without_curl(services):
     command = healthcheck_command(services["web"])
     assert "curl" not in command and "wget" not in command

@@ -1,10 +1,11 @@
 """The embedded services are the real thing: PostgreSQL 18 with pgvector, and redis-server."""
 
+import psycopg
 import redis
 from django.conf import settings
 from django.db import connection
 
-from ragsite.embedded import EmbeddedRedis
+from ragsite.embedded import EmbeddedPostgres, EmbeddedRedis
 
 
 def test_vector_extension_is_installed_at_0_8_or_newer(db):
@@ -54,3 +55,32 @@ def test_embedded_redis_keeps_data_across_a_restart(tmp_path):
     finally:
         server.stop()
     assert server.stop() is False
+
+
+def test_embedded_postgres_is_tuned_once_and_again_when_what_is_wanted_changes(tmp_path):
+    """Sized for what ``up`` holds at once (300 connections, not initdb's 100); an install
+    tuned by an older version is tuned again, with a restart, and keeps its data."""
+    server = EmbeddedPostgres(tmp_path / "pgdata", database="kept")
+    marker = tmp_path / "pgdata" / "ragsite-tuned"
+    try:
+        url = server.ensure_running()
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert conn.execute("SHOW max_connections").fetchone() == ("300",)
+            conn.execute("CREATE TABLE kept (v text)")
+            conn.execute("INSERT INTO kept VALUES ('yes')")
+        pid = server._postmaster_pid()
+        assert server.ensure_running() == url and server._postmaster_pid() == pid  # tuned: no restart
+
+        # What an older version left: its marker and settings without max_connections.
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM RESET max_connections")
+        older = [line for line in marker.read_text().splitlines(keepends=True) if not line.startswith("max_")]
+        marker.write_text("".join(older) + "max_wal_size = 2GB\n")
+        assert server.stop() is True
+        url = server.ensure_running()
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SHOW max_connections").fetchone() == ("300",)
+            assert conn.execute("SELECT v FROM kept").fetchall() == [("yes",)]
+        assert "max_connections = 300\n" in marker.read_text()
+    finally:
+        server.stop()

@@ -28,6 +28,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
 
 from inference.serving import EngineServer, PoolConfig, pool_register
 from ragsite import embedded
@@ -122,6 +123,10 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=1)
         if not options["no_demo"]:
             call_command("seed_demo")
+        warning = self._connections_warning(options)
+        if warning:
+            self._say(warning)
+        connection.close()  # up itself needs none while it supervises
 
         self._metrics_dir = self._fresh_metrics_dir()
         self._engines = self._engine_servers()
@@ -144,6 +149,35 @@ class Command(BaseCommand):
         return self._supervise(host, port)
 
     # ------------------------------------------------------------------ children
+
+    @staticmethod
+    def _connections_warning(options) -> str | None:
+        """A warning when PostgreSQL takes fewer client connections than the children can
+        hold at once under load (the web pool, each worker process and thread): past its
+        limit a new connection is refused ("too many clients already") and its work fails."""
+        held = {
+            # Not pooled, the web process holds one a request in flight.
+            "web": settings.DATABASE_POOL_MAX_SIZE if settings.DATABASE_POOL != "off" else settings.WEB_MAX_IN_FLIGHT,
+            "ingest": options["ingest_concurrency"],
+            "gpu": options.get("gpu_concurrency") or settings.GPU_WORKER_CONCURRENCY,
+            "remote": options.get("remote_concurrency") or settings.REMOTE_WORKER_CONCURRENCY,
+        }
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('max_connections')::int"
+                " - current_setting('superuser_reserved_connections')::int"
+                " - current_setting('reserved_connections')::int"
+            )
+            (available,) = cursor.fetchone()
+        wanted = sum(held.values())
+        if wanted <= available:
+            return None
+        parts = ", ".join(f"{name} {count}" for name, count in held.items())
+        return (
+            f"warning: PostgreSQL takes {available} client connections and the processes up starts can hold "
+            f"{wanted} at once ({parts}): under load some will be refused. Raise PostgreSQL's max_connections, "
+            "or lower DATABASE_POOL_MAX_SIZE, --gpu-concurrency or --remote-concurrency"
+        )
 
     def _children(self, host: str, port: int, options) -> list[Child]:
         python = sys.executable
