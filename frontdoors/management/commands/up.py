@@ -28,7 +28,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection
+from django.db import connection as database
 
 from inference.serving import EngineServer, PoolConfig, pool_register
 from ragsite import embedded
@@ -126,7 +126,7 @@ class Command(BaseCommand):
         warning = self._connections_warning(options)
         if warning:
             self._say(warning)
-        connection.close()  # up itself needs none while it supervises
+        database.close()  # up itself needs none while it supervises
 
         self._metrics_dir = self._fresh_metrics_dir()
         self._engines = self._engine_servers()
@@ -162,7 +162,7 @@ class Command(BaseCommand):
             "gpu": options.get("gpu_concurrency") or settings.GPU_WORKER_CONCURRENCY,
             "remote": options.get("remote_concurrency") or settings.REMOTE_WORKER_CONCURRENCY,
         }
-        with connection.cursor() as cursor:
+        with database.cursor() as cursor:
             cursor.execute(
                 "SELECT current_setting('max_connections')::int"
                 " - current_setting('superuser_reserved_connections')::int"
