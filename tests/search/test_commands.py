@@ -120,3 +120,43 @@ def test_ingest_command_loads_folders_and_reports_refusals(tmp_path, settings):
     ]
     assert "refused: empty.txt: the file is empty" in err.getvalue()
     assert "collection Docs: indexed 2" in out.getvalue()
+
+
+def test_a_command_on_a_database_without_migrations_says_to_migrate(tmp_path):
+    """Not a traceback about a missing relation: the command refuses, naming the fix."""
+    import os
+    import subprocess
+    import sys
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+    from django.db.migrations.loader import MigrationLoader
+
+    from tests.conftest import PROJECT_ROOT
+
+    name = "ragsite_never_migrated"
+    url = urlsplit(os.environ["DATABASE_URL"])
+    with psycopg.connect(os.environ["DATABASE_URL"], dbname="postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        write_mini(tmp_path / "beir")
+        result = subprocess.run(
+            [sys.executable, "manage.py", "eval_retrieval", str(tmp_path / "beir")],
+            cwd=PROJECT_ROOT,
+            env={**os.environ, "DATABASE_URL": urlunsplit(url._replace(path=f"/{name}"))},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        with psycopg.connect(os.environ["DATABASE_URL"], dbname="postgres", autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {name}")
+    migrations = len(MigrationLoader(None, ignore_no_migrations=True).graph.nodes)
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"CommandError: database '{name}' lacks {migrations} migration(s) ("), last
+    assert last.endswith(
+        f"and {migrations - 3} more): run `python manage.py migrate` first (`python3 dev.py up` migrates by itself)"
+    )
+    assert "Traceback" not in result.stderr

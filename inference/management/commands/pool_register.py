@@ -7,12 +7,13 @@ base URLs come from ``GPU_POOL_DEVICE_URLS``. ``up`` registers the servers it st
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from inference.serving import PoolConfig, pool_register
+from ragsite.commands import DatabaseCommand
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = "Create or update the GPU pool's provider (and a default route if none) from the GPU_POOL_* settings."
 
     def handle(self, *args, **options):

@@ -9,14 +9,15 @@ are; the command then exits non-zero.
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import transaction
 
 from inference.models import UpstreamKey
 from inference.secrets import SecretUnreadable, reencrypt
+from ragsite.commands import DatabaseCommand
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = "Re-encrypt every upstream key with the first key of UPSTREAM_KEY_ENCRYPTION_KEYS (MultiFernet.rotate)."
 
     def add_arguments(self, parser):

@@ -6,14 +6,14 @@ collection's average chunk length drifts by more than 20 % from the stored weigh
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand
 from tqdm import tqdm
 
+from ragsite.commands import DatabaseCommand
 from search.ingest.pipeline import collection_bm25_refresh
 from search.models import Collection
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = "Recompute the BM25 weights of every chunk of the given collections (default: all)."
 
     def add_arguments(self, parser):

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import numpy as np
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from tqdm import tqdm
 
+from ragsite.commands import DatabaseCommand
 from search import bulk_load as bulk
 from search import reference_rankings as reference
 from search.beir import corpus_read, is_beir_dir, mrr_at, ndcg_at, qrels_read, queries_read, recall_at
@@ -49,7 +50,7 @@ def _mean(values: list[float]) -> float:
     return round(statistics.fmean(values), 4) if values else 0.0
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = "Evaluate retrieval (nDCG@10, Recall@100, MRR@10, latency) on a BEIR-layout collection."
 
     def add_arguments(self, parser):

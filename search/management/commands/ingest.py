@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db.models import Count
 from tqdm import tqdm
 
+from ragsite.commands import DatabaseCommand
 from search import bulk_load as bulk
 from search.beir import is_beir_dir
 from search.embedders import DEFAULT_EMBEDDER
@@ -16,7 +17,7 @@ from search.services import collection_create, workspace_create
 from search.tasks import document_ingest
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = "Ingest files, folders and BEIR-layout corpora (corpus.jsonl) into a collection, with a progress bar."
 
     def add_arguments(self, parser):

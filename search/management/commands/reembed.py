@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from tqdm import tqdm
 
+from ragsite.commands import DatabaseCommand
 from search.embedders import EmbedderError, embedder_get
 from search.ingest.reembed import collection_reembed
 from search.models import Collection
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = "Re-embed every document of a collection with another model; searches keep working meanwhile."
 
     def add_arguments(self, parser):

@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
 
+from ragsite.commands import DatabaseCommand
 from search.services import collection_create, document_create, workspace_create
 
 DEMO_CORPUS = Path(settings.BASE_DIR) / "demo" / "corpus"
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = "Load the shipped demo corpus into the Demo workspace; running it again changes nothing."
 
     def handle(self, *args, **options):
