@@ -9,7 +9,8 @@ from django.db.migrations.executor import MigrationExecutor
 
 class DatabaseCommand(BaseCommand):
     """Refuses, naming the fix, to run on a database that lacks migrations, where the first
-    query would fail with a traceback ("relation ... does not exist")."""
+    query would fail with a traceback ("relation ... does not exist"). Django's own
+    ``requires_migrations_checks`` computes the same plan but only prints a notice and runs on."""
 
     def execute(self, *args, **options):
         connection = connections[DEFAULT_DB_ALIAS]

@@ -5,12 +5,19 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import subprocess
+import sys
+from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
 from django.core.management import call_command
+from django.db.migrations.loader import MigrationLoader
 
 from search.beir import mrr_at, ndcg_at, recall_at
 from search.models import Collection, Document
+from tests.conftest import PROJECT_ROOT
 
 
 def write_beir(directory, documents, queries, qrels):
@@ -124,16 +131,6 @@ def test_ingest_command_loads_folders_and_reports_refusals(tmp_path, settings):
 
 def test_a_command_on_a_database_without_migrations_says_to_migrate(tmp_path):
     """Not a traceback about a missing relation: the command refuses, naming the fix."""
-    import os
-    import subprocess
-    import sys
-    from urllib.parse import urlsplit, urlunsplit
-
-    import psycopg
-    from django.db.migrations.loader import MigrationLoader
-
-    from tests.conftest import PROJECT_ROOT
-
     name = "ragsite_never_migrated"
     url = urlsplit(os.environ["DATABASE_URL"])
     with psycopg.connect(os.environ["DATABASE_URL"], dbname="postgres", autocommit=True) as conn:
