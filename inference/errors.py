@@ -10,6 +10,11 @@ class NoRouteConfigured(Exception):
     """No enabled default route: the caller answers without generation (extractive)."""
 
 
+class PoolWarming(NoRouteConfigured):
+    """The route's GPU pool is starting (``Provider.warming_since``): the caller answers
+    without generation meanwhile, and says why."""
+
+
 class RouteNotFound(DomainError, ValueError):
     """A request named a route that does not exist or is disabled."""
 

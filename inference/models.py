@@ -87,6 +87,10 @@ class Provider(models.Model):
         default=dict, blank=True, help_text="Extra JSON fields sent with every request to this endpoint."
     )
     enabled = models.BooleanField(default=True)
+    # A GPU pool whose engine servers are starting (manage.py up sets it until one answers and
+    # its first-token timeout is measured): answers are extractive meanwhile, and /readyz says
+    # the pool is warming instead of not ready.
+    warming_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -238,6 +242,18 @@ class Route(models.Model):
     temperature = models.FloatField(default=0.0, validators=[MinValueValidator(0.0)])
     top_p = models.FloatField(default=1.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
     system_prompt = models.TextField(blank=True, help_text="Replaces the built-in answer instructions when set.")
+    # What a prompt gives the model: a small model answers better from fewer, shorter sources
+    # (docs/answers.md, "Prompts that fit the model"); the window still bounds both.
+    max_sources = models.PositiveSmallIntegerField(
+        default=8, validators=[MinValueValidator(1), MaxValueValidator(50)], help_text="Most sources in a prompt."
+    )
+    max_source_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(16)],
+        help_text="Longest source in a prompt, in the model's tokens (a longer one keeps its sentences that best "
+        "match the question); empty: whole chunks.",
+    )
     enabled = models.BooleanField(default=True)
     fallbacks = models.ManyToManyField(
         "self", through="RouteFallback", through_fields=("route", "fallback"), symmetrical=False, related_name="+"

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 
 from inference import backpressure, canary, keypool
-from inference.errors import NoRouteConfigured, RouteNotFound, RouteUnavailable, SpeculationUnavailable
+from inference.errors import NoRouteConfigured, PoolWarming, RouteNotFound, RouteUnavailable, SpeculationUnavailable
 from inference.models import CanaryRelease, Provider, Route
 from inference.rows import Rows, fetch_one
 from inference.tasks import generate_routed
@@ -128,7 +128,8 @@ def plan(*, route_name: str | None = None, client_id: str = "", request_id: str 
     """The route and arm of a request: the route, its provider, live release, canary route
     and provider, and whether they have a usable key (``_resolve``: one query, or only the
     routing version's when nothing changed since this process last asked), and the sticky
-    arm (``canary.arm_of``), decided as ``canary.arm_for`` does."""
+    arm (``canary.arm_of``), decided as ``canary.arm_for`` does. ``PoolWarming`` while the
+    serving route's GPU pool is starting."""
     resolved = _resolve(route_name)
     requested, release = resolved.route, resolved.release
     if release is None:
@@ -138,6 +139,8 @@ def plan(*, route_name: str | None = None, client_id: str = "", request_id: str 
     else:
         arm = canary.arm_of(release, client_id)
     serving = release.canary_route if arm == canary.CANARY else requested
+    if serving.provider.warming_since is not None:
+        raise PoolWarming(f"the GPU pool {serving.provider.name} is still starting")
     return Plan(
         request_id=request_id or uuid.uuid4().hex,
         route=serving,

