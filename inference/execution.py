@@ -31,6 +31,7 @@ from inference.remote import (
     UpstreamError,
     estimate_prompt_tokens,
     stream_chat,
+    trim_repetition,
 )
 from inference.secrets import SecretUnreadable
 from inference.streams import TERMINAL, PipelinedStreamWriter, StreamWriter, stream_events
@@ -101,10 +102,15 @@ class Outcome:
     first_token_at: float | None = None
 
     def result(self, request_id: str, payload: dict) -> dict:
+        """``text``: what to store. A generation cut for repeating itself streamed its loop
+        (readers have seen it); its stored text keeps the loop's first copy only
+        (``stats["repetition"]["cut_at_char"]``; docs/routing.md, "Generations that repeat
+        themselves")."""
+        text = "".join(self.text)
         return {
             "request_id": request_id,
             "status": "error" if self.error else "ok",
-            "text": "".join(self.text),
+            "text": text if self.error else trim_repetition(text, self.stats),
             "stats": self.stats,
             "error": self.error,
             "route": self.route.name,
@@ -431,6 +437,14 @@ class Routing:
                     self.outcome.stats = piece.as_dict()
                     if piece.speculative is not None:
                         metrics.speculative_observed(provider.model, piece.speculative)
+                    if piece.repetition is not None:  # cut, and ended as an answer: not retried
+                        metrics.generation_cut(provider.model, "repetition")
+                        logger.info(
+                            "generation %s cut after %d tokens: it repeats itself (%s)",
+                            self.request_id,
+                            piece.completion_tokens,
+                            piece.repetition,
+                        )
                 else:
                     self.delta(piece)
         except GenerationError as exc:

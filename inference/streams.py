@@ -160,8 +160,11 @@ def _data(raw: bytes) -> dict:
 _READ_SLICE_MS = 10_000
 
 
-def stream_read(request_id: str, *, after: str = "0", block_ms: int = 15000) -> Iterator[tuple[str, str, dict]]:
-    """Yield ``(event_id, type, data)`` from ``after`` on until a ``stats`` or ``error`` event.
+def stream_read(
+    request_id: str, *, after: str = "0", block_ms: int = 15000, until: tuple[str, ...] = TERMINAL
+) -> Iterator[tuple[str, str, dict]]:
+    """Yield ``(event_id, type, data)`` from ``after`` on until an event of a type in ``until``
+    (the generation's end: ``stats`` or ``error``; an answer's readers wait for more).
 
     Raises ``TimeoutError`` if nothing arrives for ``block_ms``.
     """
@@ -182,7 +185,7 @@ def stream_read(request_id: str, *, after: str = "0", block_ms: int = 15000) -> 
             last = event_id.decode()
             kind = fields[b"type"].decode()
             yield last, kind, json.loads(fields[b"data"])
-            if kind in TERMINAL:
+            if kind in until:
                 return
 
 
@@ -193,9 +196,9 @@ def stream_read(request_id: str, *, after: str = "0", block_ms: int = 15000) -> 
 # an async iterator.
 
 
-async def stream_aread(request_id: str, *, after: str = "0", block_ms: int = 15000):
-    """``stream_read`` for async code: ``(event_id, type, data)`` from ``after`` on until a
-    ``stats`` or ``error`` event; ``TimeoutError`` if nothing arrives for ``block_ms``."""
+async def stream_aread(request_id: str, *, after: str = "0", block_ms: int = 15000, until: tuple[str, ...] = TERMINAL):
+    """``stream_read`` for async code: ``(event_id, type, data)`` from ``after`` on until an
+    event of a type in ``until``; ``TimeoutError`` if nothing arrives for ``block_ms``."""
     client = redis_async_client()
     key = stream_key(request_id)
     last = after
@@ -213,5 +216,5 @@ async def stream_aread(request_id: str, *, after: str = "0", block_ms: int = 150
             last = event_id.decode()
             kind = fields[b"type"].decode()
             yield last, kind, _data(fields[b"data"])
-            if kind in TERMINAL:
+            if kind in until:
                 return

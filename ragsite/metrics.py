@@ -119,6 +119,23 @@ GENERATION_TOKENS = Counter(
 GENERATIONS = Counter(
     "ragsite_generations", "Generations ended, by route, arm and status (ok, error).", ["route", "arm", "status"]
 )
+GENERATIONS_CUT = Counter(
+    "ragsite_generations_cut",
+    "Generations the router ended early (their upstream request aborted), by model and reason (repetition).",
+    ["model", "reason"],
+)
+ANSWERS_CHECKED = Counter(
+    "ragsite_answers_checked",
+    "Answers stored, by mode (generated, extractive) and outcome (grounded: every sentence supported; partly; "
+    "ungrounded; abstained).",
+    ["mode", "outcome"],
+)
+ANSWER_GROUNDED = Histogram(
+    "ragsite_answer_grounded_share",
+    "The share of an answer's sentences that a cited passage supports (search/verification.py).",
+    ["mode"],
+    buckets=(0.0, 0.25, 0.5, 0.75, 0.99, 1.0),
+)
 # Speculative decoding, named as vLLM v1 names them so that its dashboards carry over.
 SPEC_DRAFTS = Counter(
     "vllm:spec_decode_num_drafts",
@@ -172,6 +189,26 @@ def generation_observed(row: dict) -> None:
         GENERATION_TTFT.labels(route, arm).observe(max(0.0, float(row["ttft_ms"])) / 1000)
     GENERATION_TOKENS.labels(route, arm, "prompt").inc(int(row.get("prompt_tokens") or 0))
     GENERATION_TOKENS.labels(route, arm, "completion").inc(int(row.get("completion_tokens") or 0))
+
+
+@_safely
+def generation_cut(model: str, reason: str) -> None:
+    """A generation was ended early by the router: ``repetition``, it repeated itself
+    (``inference.remote.repetition``)."""
+    GENERATIONS_CUT.labels(model or "", reason).inc()
+
+
+@_safely
+def answer_checked(mode: str, grounded: float | None, abstained: bool) -> None:
+    """An answer was stored with its citations checked: its grounded share, or that it abstained."""
+    if abstained:
+        outcome = "abstained"
+    elif grounded is None:
+        return  # nothing in it was a claim to check
+    else:
+        outcome = "grounded" if grounded >= 1.0 else "partly" if grounded > 0 else "ungrounded"
+        ANSWER_GROUNDED.labels(mode).observe(grounded)
+    ANSWERS_CHECKED.labels(mode, outcome).inc()
 
 
 @_safely
@@ -281,8 +318,8 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"
 
 _DEFINED = (
     HTTP_REQUESTS, HTTP_DURATION, SEARCH_DURATION, QUERY_EMBEDDING_CACHE, INGEST_DOCUMENTS, INGEST_CHUNKS,
-    GENERATION_TTFT, GENERATION_DURATION, GENERATION_TOKENS, GENERATIONS, SPEC_DRAFTS, SPEC_DRAFT_TOKENS,
-    SPEC_ACCEPTED_TOKENS, SPEC_ACCEPTED_PER_POS, ROUTER_RETRIES, ROUTER_FAILOVERS,
+    GENERATION_TTFT, GENERATION_DURATION, GENERATION_TOKENS, GENERATIONS, GENERATIONS_CUT, SPEC_DRAFTS,
+    SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_ACCEPTED_PER_POS, ROUTER_RETRIES, ROUTER_FAILOVERS,
 )  # fmt: skip
 
 

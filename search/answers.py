@@ -47,16 +47,20 @@ from billing import limits
 from billing.limits import LimitExceeded
 from billing.models import ClientKey
 from inference import router
-from inference.errors import NoRouteConfigured, RouteNotFound, RouteUnavailable, SpeculationUnavailable
+from inference.errors import NoRouteConfigured, PoolWarming, RouteNotFound, RouteUnavailable, SpeculationUnavailable
 from inference.models import Route
-from inference.streams import TERMINAL, StreamWriter, stream_aread, stream_events, stream_key, stream_read
+from inference.remote import trim_repetition
+from inference.streams import StreamWriter, stream_aread, stream_events, stream_key, stream_read
+from ragsite import metrics
 from ragsite.errors import DomainError
 from ragsite.logs import request_received_at
 from ragsite.redis import redis_async_client, redis_client
-from search import prompting
+from search import abstention, prompting
+from search.extractive import LEAD as EXTRACTIVE_LEAD
 from search.extractive import extractive_answer
-from search.models import Answer, Collection, Workspace
+from search.models import Answer, Chunk, Collection, Workspace
 from search.selectors import SearchError, chunk_search
+from search.verification import answer_verify
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +70,10 @@ TOP_K_MAX = 50
 # receive (handed over to another queue): past this, the answer fails.
 FINALIZE_WATCH_SECONDS = 3600
 FINALIZE_WATCH_INTERVAL_S = 2.0
+# An answer's stream ends, for its readers, with the stored answer (``answer``: the text as
+# verified, its citations and each sentence's support) or an ``error``; the generation's own
+# ``stats`` comes before it.
+ANSWER_END = ("answer", "error")
 
 
 class AnswerError(DomainError, ValueError):
@@ -167,10 +175,13 @@ def _collections_resolve(workspace: Workspace, collections) -> list[Collection]:
 
 
 def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature, started, speculative) -> Answer:
+    why_extractive = None
     try:
         plan = router.plan(route_name=route_name, client_id=answer.client_id, request_id=str(answer.id))
+    except PoolWarming:
+        plan, why_extractive = None, "the generation model is still starting"
     except NoRouteConfigured:
-        plan = None
+        plan, why_extractive = None, "no generation model is configured"
 
     retrieve_started = time.perf_counter()
     try:
@@ -188,9 +199,20 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     sources = prompting.sources_from_hits(result.hits)
     answer.timings["retrieve_ms"] = _ms_since(retrieve_started)
 
+    first = collections[0] if collections else None
     if plan is None:
-        first = collections[0] if collections else None
-        return _answer_extractive(answer, sources, first, started)
+        return _answer_extractive(answer, sources, first, started, why=why_extractive)
+    # Sources that do not answer the question are not given to a model, which would answer
+    # from them anyway: the answer declines at once, with the closest passages.
+    relevance = abstention.relevance(
+        answer.question,
+        sources,
+        embedding_model=first.embedding_model if first else None,
+        text_search_config=first.text_search_config if first else None,
+    )
+    answer.stats["relevance"] = round(relevance.score, 4)
+    if relevance.abstain:
+        return _answer_abstained(answer, sources, relevance.closest, started, mode=Answer.Mode.GENERATED)
 
     prompt_started = time.perf_counter()
     try:
@@ -202,7 +224,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     answer.sources = [source.as_record() for source in prompt.sources]
     answer.route, answer.release, answer.arm = plan.route, plan.release, plan.arm
     answer.mode, answer.status = Answer.Mode.GENERATED, Answer.Status.GENERATING
-    answer.stats = {"context": prompt.context_record()}
+    answer.stats = {"context": prompt.context_record(), "relevance": answer.stats["relevance"]}
     client_key = getattr(answer, "client_key", None)
     common = {
         "temperature": temperature,
@@ -275,9 +297,10 @@ def _submit_admitted(client_key, plan: router.Plan, request, **submit) -> None:
         raise
 
 
-def _answer_extractive(answer: Answer, sources, collection: Collection | None, started: float) -> Answer:
+def _answer_extractive(answer: Answer, sources, collection: Collection | None, started: float, *, why: str) -> Answer:
     """The searched collections share one embedding model and one text-search language
-    (``chunk_search`` refuses them otherwise): the first one's serve for all."""
+    (``chunk_search`` refuses them otherwise): the first one's serve for all. ``why``: why
+    no model generates it, said in its first line."""
     extract_started = time.perf_counter()
     extractive = extractive_answer(
         answer.question,
@@ -285,6 +308,15 @@ def _answer_extractive(answer: Answer, sources, collection: Collection | None, s
         embedding_model=collection.embedding_model if collection else None,
         text_search_config=collection.text_search_config if collection else None,
     )
+    if extractive.text.startswith(EXTRACTIVE_LEAD):  # its first line says why no model wrote it
+        extractive = replace(
+            extractive, text=f"Extracted from the sources ({why}):" + extractive.text[len(EXTRACTIVE_LEAD) :]
+        )
+    answer.timings["prompt_ms"] = _ms_since(extract_started)
+    if extractive.abstained:
+        return _answer_abstained(
+            answer, sources, extractive.closest, started, mode=Answer.Mode.EXTRACTIVE, text=extractive.text
+        )
     by_number = {source.number: source for source in sources}
     cited = []
     for extract in extractive.extracts:
@@ -296,25 +328,79 @@ def _answer_extractive(answer: Answer, sources, collection: Collection | None, s
     answer.text = extractive.text
     answer.citations = cited
     answer.dropped_citations = 0
-    answer.timings["prompt_ms"] = _ms_since(extract_started)
+    # Quoted sentences are their sources' own words: each is supported by the passage it cites.
+    answer.grounded = 1.0 if extractive.extracts else None
     answer.timings["total_ms"] = _ms_since(started)
     answer.stats = {
         "mode": Answer.Mode.EXTRACTIVE.value,
+        "why": why,
         "sentences": len(extractive.extracts),
         "scores": [extract.score for extract in extractive.extracts],
+        "relevance": extractive.relevance,
     }
     answer.finished_at = timezone.now()
     answer.save()
-    # The same protocol as a generation: deltas (one per line), then stats.
+    metrics.answer_checked(answer.mode, answer.grounded, answer.abstained)
+    _stream_stored(answer)
+    return answer
+
+
+def _answer_abstained(answer: Answer, sources, closest: list[dict], started: float, *, mode, text: str = "") -> Answer:
+    """The sources do not answer the question: one plain sentence and the closest passages,
+    stored ``done`` and ``abstained`` without any generation."""
+    by_number = {source.number: source for source in sources}
+    if not text:
+        lines = [abstention.NOT_ANSWERED]
+        if closest:
+            lines += ["", "Closest passages:"] + [f"- {c['title']} [{c['number']}]" for c in closest]
+        text = "\n".join(lines)
+    answer.mode, answer.status, answer.abstained = mode, Answer.Status.DONE, True
+    answer.sources = [source.as_record() for source in sources]
+    answer.text = text
+    cited = [by_number[c["number"]].as_record() for c in closest if c["number"] in by_number]
+    answer.citations = [{key: record[key] for key in _CITATION_KEYS} for record in cited]
+    answer.dropped_citations = 0
+    answer.grounded = None
+    answer.timings["total_ms"] = _ms_since(started)
+    answer.stats = {
+        **answer.stats,
+        "mode": mode.value if hasattr(mode, "value") else mode,
+        "abstained": True,
+        "closest": closest,
+    }
+    answer.finished_at = timezone.now()
+    answer.save()
+    metrics.answer_checked(answer.mode, answer.grounded, answer.abstained)
+    _stream_stored(answer)
+    return answer
+
+
+def _stream_stored(answer: Answer) -> None:
+    """An answer stored at once (extractive, abstained) on its stream, in the protocol of a
+    generation: deltas (one per line), ``stats``, then the stored ``answer``."""
     try:
         writer = StreamWriter(str(answer.id))
-        lines = extractive.text.split("\n")
+        lines = answer.text.split("\n")
         for index, line in enumerate(lines):
             writer.write("delta", text=line if index == len(lines) - 1 else line + "\n")
         writer.write("stats", **answer.stats)
+        writer.write("answer", **answer_record(answer))
     except redis.RedisError as exc:  # the stored answer stands; readers fall back to it
-        logger.warning("extractive answer %s not streamed: %s", answer.id, exc)
-    return answer
+        logger.warning("answer %s not streamed: %s", answer.id, exc)
+
+
+def answer_record(answer: Answer) -> dict:
+    """What readers get at the end of an answer's stream: the stored text and what was checked."""
+    return {
+        "status": answer.status,
+        "mode": answer.mode,
+        "text": answer.text,
+        "citations": answer.citations,
+        "dropped_citations": answer.dropped_citations,
+        "abstained": answer.abstained,
+        "grounded": answer.grounded,
+        "sentences": (answer.verification or {}).get("sentences", []),
+    }
 
 
 _CITATION_KEYS = ("number", "chunk_id", "document_id", "title", "start_offset", "end_offset")
@@ -335,7 +421,7 @@ def answer_fail(answer_id, reason: str, *, end_stream: bool = False) -> None:
     )
     if end_stream:
         writer = StreamWriter(str(answer_id))
-        if writer.history()[1] not in TERMINAL:
+        if writer.history()[1] not in ANSWER_END:
             writer.write("error", field=None, kind="answer_failed", message=reason)
 
 
@@ -387,7 +473,15 @@ def _stream_times(request_id: str) -> tuple[float | None, float | None]:
 def answer_finalize(*, answer_id, result) -> tuple[Answer | None, bool]:
     """Store the end of an answer's generation. Returns ``(answer, waiting)``: ``waiting``
     when the generation has not ended yet (its result went to another queue's task) and
-    the caller should look again later. Idempotent: a finished answer is left as it is."""
+    the caller should look again later. Idempotent: a finished answer is left as it is.
+    Once stored, the answer is written to its stream as its last event (``answer``)."""
+    answer, waiting = _finalize_stored(answer_id, result)
+    if answer is not None and not waiting and answer.status == Answer.Status.DONE and getattr(answer, "_ended", False):
+        _stream_end(answer.pk, answer_record(answer))
+    return answer, waiting
+
+
+def _finalize_stored(answer_id, result) -> tuple[Answer | None, bool]:
     with transaction.atomic():
         answer = Answer.objects.select_for_update().filter(pk=answer_id).first()
         if answer is None or answer.status in (Answer.Status.DONE, Answer.Status.FAILED):
@@ -399,19 +493,75 @@ def answer_finalize(*, answer_id, result) -> tuple[Answer | None, bool]:
                 return answer, True
             outcome = {"text": "", "stats": {}, "error": {"message": "the generation never ended"}}
         error = outcome["error"]
-        answer.text = outcome["text"]
-        answer.citations, answer.dropped_citations = prompting.citations_resolve(answer.text, answer.sources)
-        kept = {key: answer.stats[key] for key in ("context", "map_reduce") if key in answer.stats}
+        # A generation cut for repeating itself keeps one copy of the loop (the stream has all).
+        answer.text = outcome["text"] if error else trim_repetition(outcome["text"], outcome["stats"] or {})
+        _, answer.dropped_citations = prompting.citations_resolve(answer.text, answer.sources)
+        kept = {key: answer.stats[key] for key in ("context", "map_reduce", "relevance") if key in answer.stats}
         extra = {key: outcome.get(key) for key in ("route", "provider", "attempts") if outcome.get(key) is not None}
         answer.stats = {**(outcome["stats"] or {}), **extra, **kept}
         if error:
             answer.stats["error"] = error
+        else:
+            _verify(answer)
+        answer.citations, _ = prompting.citations_resolve(answer.text, answer.sources)
         answer.status = Answer.Status.FAILED if error else Answer.Status.DONE
         answer.error = _error_text(error) if error else ""
         answer.timings = {**answer.timings, **_timings(answer)}
         answer.finished_at = timezone.now()
         answer.save()
+        if not error:  # a failed generation's stream already ends with its error
+            metrics.answer_checked(answer.mode, answer.grounded, answer.abstained)
+            answer._ended = True  # stored by this call: its stream's end is written after the commit
         return answer, False
+
+
+def _stream_end(answer_id, record: dict) -> None:
+    try:
+        StreamWriter(str(answer_id)).write("answer", **record)
+    except redis.RedisError as exc:  # readers find the stored answer when they look again
+        logger.warning("answer %s: its stream's end not written: %s", answer_id, exc)
+
+
+def _verify(answer: Answer) -> None:
+    """Check the generated text's sentences against the passages it was given (whole chunks,
+    as the citations open them): invented markers removed, citations moved to the passage
+    that supports the sentence or added, unsupported sentences flagged. When nothing in it is
+    supported, or the model itself declined, the answer abstains, with the closest passages."""
+    numbers = {record["number"]: record["chunk_id"] for record in answer.sources}
+    texts = dict(Chunk.objects.filter(pk__in=numbers.values()).values_list("pk", "text"))
+    titles = {record["number"]: record.get("title") or "" for record in answer.sources}
+    # With its title first, as the prompt gives it: a chunk often names its subject only there.
+    passages = {
+        number: f"{titles[number]}\n{texts[chunk_id]}".lstrip("\n")
+        for number, chunk_id in numbers.items()
+        if chunk_id in texts
+    }
+    if not passages:
+        # No prompt sources (a map-reduce's notes only), or their chunks deleted since (the
+        # document re-ingested): nothing to check against, and no reason to call it unsupported.
+        answer.verification = {"skipped": "none of the passages given is stored any more" if numbers else "no sources"}
+        return
+    collection = answer.collections.order_by("pk").first()
+    verification = answer_verify(
+        answer.text,
+        passages,
+        embedding_model=collection.embedding_model if collection else None,
+        text_search_config=collection.text_search_config if collection else None,
+    )
+    answer.verification = {**verification.as_dict(), "original_text": answer.text}
+    answer.text, answer.grounded = verification.text, verification.grounded
+    if verification.declined or verification.grounded == 0:
+        closest = sorted(answer.sources, key=lambda record: -record.get("score", 0.0))[: abstention.CLOSEST]
+        closest = [
+            {key: record.get(key) for key in ("number", "chunk_id", "document_id", "title", "score")}
+            for record in closest
+        ]
+        lines = [abstention.NOT_ANSWERED, "", "Closest passages:"] + [
+            f"- {c['title']} [{c['number']}]" for c in closest
+        ]
+        answer.text, answer.abstained, answer.grounded = "\n".join(lines), True, None
+        answer.verification["sentences"] = []
+        answer.stats["closest"] = closest
 
 
 def answers_reap() -> int:
@@ -480,7 +630,11 @@ def answer_map_collect(*, answer_id, index: int, result) -> bool:
         if outcome["error"]:
             entry.update(status="error", error=_error_text(outcome["error"]))
         else:
-            entry.update(status="ok", note=outcome["text"], tokens=(outcome["stats"] or {}).get("completion_tokens"))
+            entry.update(
+                status="ok",
+                note=trim_repetition(outcome["text"], outcome["stats"] or {}),
+                tokens=(outcome["stats"] or {}).get("completion_tokens"),
+            )
         done = sum(item["status"] != "pending" for item in state["maps"])
         StreamWriter(str(answer.id)).write("progress", stage="map", done=done, total=len(state["maps"]))
         if any(item["status"] == "pending" for item in state["maps"]):
@@ -569,12 +723,12 @@ def answer_stream_read(answer: Answer, *, after: str = "0", block_ms: int = 1500
     """
     length, _ = StreamWriter(str(answer.id)).history()
     if length == 0:
-        answer.refresh_from_db(fields=["status", "text", "stats", "error"])
+        answer.refresh_from_db()
         replayed = _stored_events(answer, after)
         if replayed is not None:
             yield from replayed
             return
-    yield from stream_read(str(answer.id), after=after, block_ms=block_ms)
+    yield from stream_read(str(answer.id), after=after, block_ms=block_ms, until=ANSWER_END)
 
 
 def _stored_events(answer: Answer, after: str) -> list[tuple[str, str, dict]] | None:
@@ -584,7 +738,9 @@ def _stored_events(answer: Answer, after: str) -> list[tuple[str, str, dict]] | 
         return None
     events = [("0-1", "delta", {"text": answer.text})] if after < "0-1" and answer.text else []
     if answer.status == Answer.Status.DONE:
-        events.append(("0-2", "stats", dict(answer.stats)))
+        if after < "0-2":
+            events.append(("0-2", "stats", dict(answer.stats)))
+        events.append(("0-3", "answer", answer_record(answer)))
     else:
         events.append(("0-2", "error", {"field": None, "kind": "answer_failed", "message": answer.error}))
     return events
@@ -600,11 +756,11 @@ async def answer_stream_aread(answer_id, *, after: str = "0", block_ms: int = 15
     trips that look for a stored answer first: they were on every streamed answer's time
     to first token, since its stream does not exist yet when the reader starts."""
     if not generating and not await redis_async_client().exists(stream_key(str(answer_id))):
-        answer = await sync_to_async(Answer.objects.only("status", "text", "stats", "error").get)(pk=answer_id)
+        answer = await sync_to_async(Answer.objects.get)(pk=answer_id)
         replayed = _stored_events(answer, after)
         if replayed is not None:
             for event in replayed:
                 yield event
             return
-    async for event in stream_aread(str(answer_id), after=after, block_ms=block_ms):
+    async for event in stream_aread(str(answer_id), after=after, block_ms=block_ms, until=ANSWER_END):
         yield event

@@ -44,6 +44,10 @@ Fault injection, per API key (so concurrent tests with different keys never inte
     - ``"end_after_tokens": N``: send N token chunks, then end the body cleanly without a
       finish_reason or ``[DONE]``;
     - ``"no_usage": true``: never send the usage chunk;
+    - ``"loop": "<phrase>"``: a generation that repeats itself: the reply, a space, then the
+      phrase again and again until ``max_tokens`` (4096 without one; ``finish_reason``
+      "length"). With ``token_delay_ms`` the stream is paced, so that a client that stops
+      reading and closes is seen doing so (the log's ``disconnected``);
     - ``"repeat": true``: the step is not consumed and applies to every later request
       (a revoked key: ``{"status": 401, "repeat": true}``).
 
@@ -54,7 +58,11 @@ Fault injection, per API key (so concurrent tests with different keys never inte
     disconnected after N tokens", ...), ``stream``, ``stream_options``,
     ``speculative_config``, ``extra`` (every other non-standard body field), the sampling
     fields, ``prompt_tokens`` and ``completion_tokens`` (the server's counts for the reply it
-    sent, reported or not) and ``usage_sent`` (whether a usage object went out).
+    sent, reported or not) and ``usage_sent`` (whether a usage object went out). A streamed
+    reply also has ``tokens_planned`` (the token chunks it would send in full) and
+    ``disconnected`` (true when the client closed the connection before the end: then
+    ``completion_tokens`` is the token chunks written before the server noticed, which the
+    client may not all have read).
 
     ``POST /_control/reset``: forget every script and log, or only K's with
     ``{"api_key": K}``.
@@ -92,8 +100,11 @@ STEP_KEYS = {
     "cut_after_tokens",
     "end_after_tokens",
     "no_usage",
+    "loop",
     "repeat",
 }
+# The length of a looping reply (the "loop" step) without max_tokens.
+LOOP_MAX_TOKENS = 4096
 # Fields of the chat completions API; anything else in a body is logged under "extra".
 CHAT_FIELDS = {
     "model",
@@ -327,6 +338,8 @@ class Handler(BaseHTTPRequestHandler):
             "prompt_tokens": None,
             "completion_tokens": None,
             "usage_sent": False,
+            "tokens_planned": None,
+            "disconnected": False,
         }
         STATE.record(key, entry)
         sent = 0
@@ -350,6 +363,11 @@ class Handler(BaseHTTPRequestHandler):
                 return
 
             text = reply_text(messages)
+            if isinstance(options.get("loop"), str) and options["loop"].strip():
+                # At least one token per copy: enough copies to reach max_tokens.
+                copies = max_tokens if max_tokens is not None else LOOP_MAX_TOKENS
+                text = text.rstrip() + " " + options["loop"] * copies
+                max_tokens = max_tokens if max_tokens is not None else LOOP_MAX_TOKENS
             stops = body.get("stop") or []
             for stop in [stops] if isinstance(stops, str) else stops:
                 if stop and stop in text:
@@ -363,14 +381,16 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(200, self._completion(body, "".join(tokens), finish_reason, prompt_tokens, len(tokens)))
                 STATE.finish(entry, "ok", prompt_tokens=prompt_tokens, completion_tokens=len(tokens), usage_sent=True)
                 return
+            entry["tokens_planned"] = len(tokens)
             outcome, sent, usage_sent = self._stream(body, options, tokens, finish_reason, prompt_tokens)
             STATE.finish(entry, outcome, prompt_tokens=prompt_tokens, completion_tokens=sent, usage_sent=usage_sent)
         except ClientGone as gone:
             self.close_connection = True
-            STATE.finish(entry, f"client disconnected after {gone.args[0]} tokens")
+            sent = gone.args[0]
+            STATE.finish(entry, f"client disconnected after {sent} tokens", completion_tokens=sent, disconnected=True)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
-            STATE.finish(entry, f"client disconnected after {sent} tokens")
+            STATE.finish(entry, f"client disconnected after {sent} tokens", completion_tokens=sent, disconnected=True)
 
     def _scripted_error(self, status: int, options: dict, key: str) -> None:
         headers = {}

@@ -48,6 +48,9 @@ class RemoteStats:
     usage_source: str  # "upstream" or "counted"
     model: str | None  # as the upstream reported it
     speculative: dict | None = None  # speculative_report() of the engine's figures; None: none reported
+    # Repetition.as_dict() when the stream was cut because it repeats itself (finish_reason
+    # "repetition"): where the loop is, and text[:cut_at_char] is what to store.
+    repetition: dict | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -56,7 +59,8 @@ class RemoteStats:
     def as_dict(self) -> dict:
         """The keys of ``GenerationStats.as_dict()`` that mean the same here, plus ``usage_source``,
         ``model`` and ``speculative`` (the engine's report, or None). The draft counters are
-        there only when the engine reported them: 0 would claim that nothing was accepted."""
+        there only when the engine reported them: 0 would claim that nothing was accepted;
+        ``repetition`` only when the stream was cut for repeating itself."""
         drafts = {}
         if self.speculative is not None:
             drafts = {
@@ -74,6 +78,7 @@ class RemoteStats:
             "model": self.model,
             **drafts,
             "speculative": self.speculative,
+            **({"repetition": self.repetition} if self.repetition is not None else {}),
         }
 
 

@@ -1,6 +1,9 @@
 """The OpenAI protocol of a remote call: one streamed chat completion read chunk by chunk
 into text deltas and a ``RemoteStats``, with the engine's speculative figures when it reports
-them (docs/routing.md, "One attempt")."""
+them (docs/routing.md, "One attempt"). A generation that repeats itself
+(``inference.remote.repetition``) is cut: the stream is closed, which makes the upstream abort
+the request, and the call ends normally with finish_reason ``repetition`` and the tokens
+received (docs/routing.md, "Generations that repeat themselves")."""
 
 from __future__ import annotations
 
@@ -12,10 +15,13 @@ import openai
 from inference.remote import transport
 from inference.remote.call import RemoteEndpoint, RemoteRequest, RemoteStats, estimate_prompt_tokens, validate
 from inference.remote.errors import UpstreamError, classify
+from inference.remote.repetition import Repetition, RepetitionGuard
 
 
 def stream_chat(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | RemoteStats]:
-    """Yield text deltas, then a ``RemoteStats``; raise ``UpstreamError`` on any failure.
+    """Yield text deltas, then a ``RemoteStats``; raise ``UpstreamError`` on any failure. A
+    generation found repeating itself ends early, as a success: ``finish_reason``
+    "repetition", ``repetition`` where to cut the text, usage counted.
 
     Validation happens here, before the first ``next()``: a ``GenerationError`` is raised
     by this call itself and no request is made.
@@ -73,6 +79,8 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
     usage = None
     model: str | None = None
     reported_metrics = None
+    guard = RepetitionGuard()
+    repetition: Repetition | None = None
 
     def deadline_error() -> UpstreamError:
         if first_token_at is None and first_deadline < total_deadline:
@@ -136,9 +144,19 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
                             transport.watchdog.move(watch, total_deadline)
                         tokens_sent += 1
                         yield text
+                        repetition = guard.feed(text)
+                        if repetition is not None:
+                            break
                     if choice.finish_reason:
                         finish_reason = choice.finish_reason
                         watch.drain = True  # a complete answer: keep the connection (transport._WatchedStream)
+                if repetition is not None:
+                    # The generation repeats itself: stop reading. Closing the response (below)
+                    # closes the connection, not kept for reuse, and a server that sees its
+                    # client go (vLLM, SGLang, hosted APIs) aborts the request: no more tokens
+                    # are generated, nor billed.
+                    watch.drain = False
+                    break
         except UpstreamError:
             raise
         except Exception as exc:
@@ -150,15 +168,20 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
             stream.close()  # after a failure, or a stream left early, the connection is closed, not reused
         transport.watchdog.finish(watch)
 
-    if finish_reason is None:
+    finished = time.monotonic()
+    if repetition is not None:
+        # Cut here: the usage chunk will not come. Completion tokens are the deltas received
+        # (what the upstream generated before it saw the close, less what was on the way).
+        finish_reason, completion_tokens, source = "repetition", tokens_sent, "counted"
+        prompt_tokens = (usage.prompt_tokens if usage is not None else None) or estimate_prompt_tokens(request.messages)
+    elif finish_reason is None:
         raise UpstreamError(
             "broken_stream",
             f"the stream from {host} ended after {tokens_sent} tokens without a finish_reason; "
             "the completion is incomplete: retry it",
             tokens_sent=tokens_sent,
         )
-    finished = time.monotonic()
-    if usage is not None and usage.completion_tokens is not None:
+    elif usage is not None and usage.completion_tokens is not None:
         prompt_tokens, completion_tokens, source = usage.prompt_tokens or 0, usage.completion_tokens, "upstream"
     else:
         prompt_tokens, completion_tokens, source = estimate_prompt_tokens(request.messages), tokens_sent, "counted"
@@ -171,4 +194,5 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
         usage_source=source,
         model=model,
         speculative=speculative_report(reported_metrics),
+        repetition=repetition.as_dict() if repetition is not None else None,
     )

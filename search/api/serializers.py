@@ -323,6 +323,8 @@ class AnswerSerializer(serializers.ModelSerializer):
     citations = SourceSerializer(many=True, read_only=True, help_text="The sources the text cites, by [n].")
     stats = serializers.SerializerMethodField()
     timings = serializers.SerializerMethodField()
+    sentences = serializers.SerializerMethodField()
+    verification = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
     stream_url = serializers.SerializerMethodField()
 
@@ -337,6 +339,10 @@ class AnswerSerializer(serializers.ModelSerializer):
             "error",
             "citations",
             "dropped_citations",
+            "abstained",
+            "grounded",
+            "sentences",
+            "verification",
             "sources",
             "collections",
             "route",
@@ -358,6 +364,33 @@ class AnswerSerializer(serializers.ModelSerializer):
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "number"}})
     def get_timings(self, answer: Answer) -> dict:
         return answer.timings
+
+    @extend_schema_field(
+        {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "start": {"type": "integer"},
+                    "end": {"type": "integer"},
+                    "citations": {"type": "array", "items": {"type": "integer"}},
+                    "support": {"type": "number"},
+                    "supported": {"type": "boolean"},
+                    "action": {"type": "string"},
+                },
+            },
+        }
+    )
+    def get_sentences(self, answer: Answer) -> list[dict]:
+        """Each sentence of ``text`` (its span), the sources it cites, how well the best of them
+        supports it, and what the check did (kept, reattributed, added, unsupported, ...)."""
+        return (answer.verification or {}).get("sentences", [])
+
+    @extend_schema_field({"type": "object", "additionalProperties": True})
+    def get_verification(self, answer: Answer) -> dict:
+        """What the citation check changed: markers removed, sentences re-attributed, citations
+        added, sentences unsupported, and the text as generated (``original_text``)."""
+        return {key: value for key, value in (answer.verification or {}).items() if key != "sentences"}
 
     def get_url(self, answer: Answer) -> str:
         return absolute_url(self.context["request"], "answer-detail", answer_id=answer.pk)

@@ -17,7 +17,7 @@ reconnects) or ``?after=``. While nothing is written, a comment line (``: keep-a
 out every ``KEEPALIVE_SECONDS``, so proxies and clients see the connection alive; after
 ``STREAM_MAX_SECONDS`` without the end the response ends, and the client reconnects (the
 ``retry:`` hint says after how long) to resume where it was. A client resuming after the
-stream's last event (``stats`` or ``error``) gets 204 No Content, which tells EventSource
+stream's last event (``answer`` or ``error``) gets 204 No Content, which tells EventSource
 to stop reconnecting: nothing more will come.
 """
 
@@ -33,9 +33,9 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 
 from billing import client_keys
-from inference.streams import TERMINAL, stream_key
+from inference.streams import stream_key
 from ragsite.redis import redis_async_client
-from search.answers import answer_stream_aread
+from search.answers import ANSWER_END, answer_stream_aread
 from search.api.auth import Access, Scope, access_resolve, workspace_slug_of
 from search.api.errors import ApiError, api_error_of, error_json, invalid
 from search.models import Answer
@@ -74,15 +74,17 @@ def _event_order(event_id: str) -> tuple[int, int]:
 
 
 async def _ended_at_or_before(answer_id, status_now: str, after: str) -> bool:
-    """Whether the answer's last event, a terminal one, is at or before ``after``."""
+    """Whether the answer's last event, its end (the stored ``answer`` or an ``error``), is at or before ``after``."""
     last = await redis_async_client().xrevrange(stream_key(str(answer_id)), count=1)
     if last:
         event_id, fields = last[0]
-        return fields[b"type"].decode() in TERMINAL and _event_order(event_id.decode()) <= _event_order(after)
+        return fields[b"type"].decode() in ANSWER_END and _event_order(event_id.decode()) <= _event_order(after)
     # No stream (expired, or the answer failed before one began): a finished answer is
-    # replayed from its row as events 0-1 and 0-2 (answer_stream_aread), 0-2 the last.
-    finished = status_now in (Answer.Status.DONE, Answer.Status.FAILED)
-    return finished and _event_order(after) >= (0, 2)
+    # replayed from its row as events 0-1 to 0-3 (answer_stream_aread), 0-2 the last of a
+    # failed one, 0-3 of a done one.
+    if status_now == Answer.Status.DONE:
+        return _event_order(after) >= (0, 3)
+    return status_now == Answer.Status.FAILED and _event_order(after) >= (0, 2)
 
 
 async def _events(answer_id, after: str):
@@ -97,7 +99,7 @@ async def _events(answer_id, after: str):
             ):
                 last = event_id
                 yield sse_event(kind, event_id, data)
-            return  # a stats or error event: the answer's stream has ended
+            return  # the answer or an error: the answer's stream has ended
         except TimeoutError:
             if loop.time() >= deadline:
                 return

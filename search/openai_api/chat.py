@@ -256,12 +256,15 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
 
 
 async def answer_events(started: Started) -> AsyncIterator[tuple[str, dict]]:
-    """The answer's ``delta``, then ``stats`` or ``error`` events; ``("keepalive", {})`` after
+    """The answer's ``delta``, then ``stats`` or ``error`` events; ``stats`` comes once the
+    answer is stored (its citations checked), with the stored answer as ``stats["answer"]``
+    (``search.answers.answer_record``); ``("keepalive", {})`` after
     each quiet slice (and for map-reduce progress). Retry announcements are skipped. A
     stream quiet for longer than a request can take (``ROUTER_DEADLINE_S`` plus the time a
     request may wait in its queue) ends with an ``error`` of kind ``timeout``."""
     idle_limit_s = settings.ROUTER_DEADLINE_S + limits.RESERVATION_MARGIN_S
     after, idle_s = "0", 0.0
+    generation: dict = {}
     # The first read knows the answer is generating (it was just started); after a quiet
     # slice the stored answer is looked at again.
     generating = started.answer.status == Answer.Status.GENERATING
@@ -274,10 +277,15 @@ async def answer_events(started: Started) -> AsyncIterator[tuple[str, dict]]:
             async with aclosing(events):
                 async for event_id, kind, data in events:
                     after, idle_s = event_id, 0.0
-                    if kind in ("delta", "stats", "error"):
+                    if kind in ("delta", "error"):
                         yield kind, data
-                        if kind != "delta":
+                        if kind == "error":
                             return
+                    elif kind == "stats":
+                        generation = data  # the stored answer follows once its citations are checked
+                    elif kind == "answer":
+                        yield "stats", {**generation, "answer": data}
+                        return
                     elif kind == "progress":
                         yield "keepalive", {}
             return
@@ -309,8 +317,16 @@ class ChatCompletion:
         self.base = {"id": f"chatcmpl-{started.answer.id}", "created": started.created, "model": started.model}
         self.text: list[str] = []
 
-    def citations(self) -> list[dict]:
-        if self.answer.mode == Answer.Mode.EXTRACTIVE:
+    def content(self, stats: dict) -> str:
+        """The answer's text: as stored (its citations checked), else as streamed."""
+        stored = stats.get("answer")
+        return stored["text"] if stored else "".join(self.text)
+
+    def citations(self, stats: dict) -> list[dict]:
+        stored = stats.get("answer")
+        if stored is not None:
+            cited = stored["citations"]
+        elif self.answer.mode == Answer.Mode.EXTRACTIVE:
             cited = self.answer.citations
         else:
             cited, _ = prompting.citations_resolve("".join(self.text), self.answer.sources)
@@ -318,13 +334,19 @@ class ChatCompletion:
         return [{key: citation.get(key) for key in keys} for citation in cited]
 
     def extras(self, stats: dict) -> dict:
-        """The fields OpenAI does not have: sources cited, speculation, inference time."""
+        """The fields OpenAI does not have: sources cited, what the citation check found (each
+        sentence's span in ``verified_content``, its support), speculation, inference time."""
         if self.answer.mode == Answer.Mode.EXTRACTIVE:
             inference_ms = self.answer.timings.get("prompt_ms")
         else:
             inference_ms = stats.get("total_ms")
+        stored = stats.get("answer") or {}
         return {
-            "citations": self.citations(),
+            "citations": self.citations(stats),
+            "abstained": stored.get("abstained", False),
+            "grounded": stored.get("grounded"),
+            "sentences": stored.get("sentences", []),
+            "verified_content": stored.get("text"),
             "speculative": _speculative_stats(self.answer, stats),
             "inference_time_ms": inference_ms,
         }
@@ -346,7 +368,7 @@ class ChatCompletion:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": "".join(self.text), "refusal": None},
+                    "message": {"role": "assistant", "content": self.content(stats), "refusal": None},
                     "logprobs": None,
                     "finish_reason": self.finish_reason(stats),
                 }

@@ -40,10 +40,10 @@ def citation_link(number: int, source: dict) -> SafeString:
     )
 
 
-def answer_html(text: str, sources: list[dict]) -> SafeString:
-    """The answer's text, escaped, each ``[n]`` naming a source turned into a link to its
-    passage; a number the answer was not given stays plain text, as it was dropped."""
-    by_number = sources_by_number(sources)
+UNSUPPORTED_TITLE = "No passage given to the answer supports this sentence"
+
+
+def _linked(text: str, by_number: dict[int, dict]) -> str:
     parts, position = [], 0
     for marker in citation_markers(text):
         parts.append(escape(text[position : marker.start]))
@@ -54,6 +54,28 @@ def answer_html(text: str, sources: list[dict]) -> SafeString:
         parts.append("[" + ", ".join(numbers) + "]")
         position = marker.end
     parts.append(escape(text[position:]))
+    return "".join(parts)
+
+
+def answer_html(text: str, sources: list[dict], sentences: list[dict] | None = None) -> SafeString:
+    """The answer's text, escaped, each ``[n]`` naming a source turned into a link to its
+    passage; a number the answer was not given stays plain text, as it was dropped. A
+    sentence that the citation check found unsupported (``sentences``: the answer's
+    ``verification["sentences"]``, spans of ``text``) is marked as such."""
+    by_number = sources_by_number(sources)
+    parts, position = [], 0
+    for sentence in sentences or ():
+        start, end = sentence.get("start", 0), sentence.get("end", 0)
+        if sentence.get("action") != "unsupported" or not position <= start < end <= len(text):
+            continue
+        parts.append(_linked(text[position:start], by_number))
+        parts.append(
+            format_html('<span class="unsupported" title="{}">', UNSUPPORTED_TITLE)
+            + _linked(text[start:end], by_number)
+            + "</span>"
+        )
+        position = end
+    parts.append(_linked(text[position:], by_number))
     return mark_safe("".join(parts))  # noqa: S308 (each part is escaped or built by format_html)
 
 

@@ -133,7 +133,8 @@ def _answer_context(answer: Answer, *, stream: bool) -> dict:
     return {
         "answer": answer,
         "stream": stream,
-        "text_html": "" if stream else answer_html(answer.text, answer.sources),
+        "text_html": "" if stream else answer_html(answer.text, answer.sources, answer.verification.get("sentences")),
+        "unsupported": sum(s.get("action") == "unsupported" for s in answer.verification.get("sentences", [])),
         "sources": [{**source, "cited": source["number"] in cited} for source in answer.sources],
         "source_links": sources_by_number(answer.sources),
     }

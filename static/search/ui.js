@@ -67,6 +67,24 @@
     container.append(text.slice(position));
   }
 
+  // The stored answer's text with its unsupported sentences marked (their spans index the
+  // text in Python characters, that is code points: Array.from, not String.slice).
+  function renderChecked(container, text, sentences, sources) {
+    const chars = Array.from(text);
+    let position = 0;
+    for (const sentence of sentences) {
+      if (sentence.action !== "unsupported" || sentence.start < position || sentence.end > chars.length) continue;
+      appendWithCitations(container, chars.slice(position, sentence.start).join(""), sources);
+      const span = document.createElement("span");
+      span.className = "unsupported";
+      span.title = "No passage given to the answer supports this sentence";
+      appendWithCitations(span, chars.slice(sentence.start, sentence.end).join(""), sources);
+      container.append(span);
+      position = sentence.end;
+    }
+    appendWithCitations(container, chars.slice(position).join(""), sources);
+  }
+
   // ------------------------------------------------------------------ streamed answers
 
   function followAnswer(section) {
@@ -114,7 +132,24 @@
       const retry = JSON.parse(event.data);
       status.textContent = `The model did not answer (${retry.kind || "error"}); trying again…`;
     });
-    events.addEventListener("stats", () => finish("Done.", "done"));
+    // The generation has ended; its citations are being checked. Then the stored answer
+    // replaces what streamed: invented markers gone, citations moved or added, and
+    // unsupported sentences marked, as search/ui/rendering.py renders it.
+    events.addEventListener("stats", () => {
+      status.textContent = "Checking the citations…";
+    });
+    events.addEventListener("answer", (event) => {
+      const stored = JSON.parse(event.data);
+      textBox.replaceChildren();
+      renderChecked(textBox, stored.text, stored.sentences || [], sources);
+      text = stored.text;
+      shown = text.length;
+      const unsupported = (stored.sentences || []).filter((sentence) => sentence.action === "unsupported").length;
+      const note = unsupported
+        ? ` ${unsupported} sentence${unsupported === 1 ? "" : "s"} not supported by the passages given (marked).`
+        : "";
+      finish(`Done.${note}`, "done");
+    });
     events.addEventListener("error", (event) => {
       if (event.data !== undefined) {
         // The stream's own "error" event: the answer failed, with the reason.

@@ -42,6 +42,7 @@ DOCUMENTS = {
     "Charging takes 90 minutes.",
 }
 CITED = "Lift rises with angle of attack [1]. Heat flux is given in [2][9]."
+VERIFIED = "Lift rises with angle of attack [1]. Heat flux is given in [2]."
 
 
 @pytest.fixture
@@ -321,9 +322,12 @@ def test_without_a_route_the_answer_is_extractive_streamed_and_done_at_once(corp
     assert set(answer.timings) == {"retrieve_ms", "prompt_ms", "total_ms"}
 
     events = read_stream(answer)
-    assert [kind for _, kind, _ in events] == ["delta"] * len(lines) + ["stats"]
+    # The generation protocol, then the stored answer that readers end with.
+    assert [kind for _, kind, _ in events] == ["delta"] * len(lines) + ["stats", "answer"]
     assert deltas(events) == answer.text
-    assert events[-1][2] == answer.stats
+    assert events[-2][2] == answer.stats
+    assert events[-1][2] == answers.answer_record(answer)
+    assert (answer.abstained, answer.grounded) == (False, 1.0)
     assert answer.stats["mode"] == "extractive" and answer.stats["sentences"] == len(lines) - 2
 
 
@@ -389,9 +393,14 @@ def test_an_answer_end_to_end_on_a_gpu_pool(workers, corpus, asker, ngram_pool):
     events = read_stream(answer)
     stored = wait_for_answer(answer.pk)
 
-    assert [kind for _, kind, _ in events][-1] == "stats", events[-1]
+    assert [kind for _, kind, _ in events][-2:] == ["stats", "answer"], events[-2:]
     assert stored.status == Answer.Status.DONE, stored.error
-    assert stored.text == deltas(events) != ""
+    # The stream has the text as generated; the stored answer is that text checked against its
+    # passages (a random model's text is supported by none: the answer abstains, saying so).
+    assert stored.verification["original_text"] == deltas(events) != ""
+    assert events[-1][2] == answers.answer_record(stored)
+    if stored.abstained:
+        assert stored.text.startswith("The sources found do not answer this question.")
     hits = hits_for(workspace, question)
     assert [(s["number"], s["chunk_id"], s["document_id"]) for s in stored.sources] == [
         (number, hit.chunk_id, hit.document_id) for number, hit in enumerate(hits, start=1)
@@ -432,7 +441,16 @@ def test_an_answer_end_to_end_on_an_openai_compatible_upstream_with_citations(wo
     stored = wait_for_answer(answer.pk)
 
     assert stored.status == Answer.Status.DONE, stored.error
-    assert stored.text == deltas(events) == CITED
+    assert deltas(events) == stored.verification["original_text"] == CITED
+    # [9] names no source (the prompt gave three): the check took it out of the stored text,
+    # and each sentence is supported by the passage it cites.
+    assert stored.text == VERIFIED
+    assert [(c["start"], c["end"], c["citations"], c["action"]) for c in stored.verification["sentences"]] == [
+        (0, 36, [1], "kept"),
+        (37, 63, [2], "kept"),
+    ]
+    assert (stored.verification["removed_markers"], stored.grounded, stored.abstained) == (1, 1.0, False)
+    assert events[-1] == (events[-1][0], "answer", answers.answer_record(stored))
     assert stored.client_id == "key-7"
     hits = hits_for(workspace, question)
     assert len(hits) == 3
@@ -450,7 +468,6 @@ def test_an_answer_end_to_end_on_an_openai_compatible_upstream_with_citations(wo
         for n in (1, 2)
     ]
     assert stored.dropped_citations == 1  # [9]: the prompt gave three sources
-    assert stored.text == CITED  # the unknown marker stays in the text as written
     # What the upstream received is the prompt built from those sources, under the budget.
     [seen] = upstream_log(upstream_server, api_key)
     sources = [
@@ -572,7 +589,7 @@ def test_a_source_larger_than_the_window_is_answered_by_map_reduce(workers, db, 
     progress = [(data["stage"], data["done"], data["total"]) for _, kind, data in events if kind == "progress"]
     assert progress == [("map", done, len(maps)) for done in range(len(maps) + 1)]
     kinds = [kind for _, kind, _ in events]
-    assert kinds[: len(progress)] == ["progress"] * len(progress) and kinds[-1] == "stats"
+    assert kinds[: len(progress)] == ["progress"] * len(progress) and kinds[-2:] == ["stats", "answer"]
     lift = next(s for s in stored.sources if s["title"] == "Lift report")
     assert lift["number"] == 1
     assert stored.citations == [

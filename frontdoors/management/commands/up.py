@@ -294,11 +294,13 @@ class Command(BaseCommand):
                 self._engines.extend(engines)
                 for engine in engines:
                     engine.start()
-            warm, misses = False, 0
+            warm = False
             while not self._stopping.wait(1.0):
-                ready = any(engine.ready() for engine in engines)
-                # Two missed health checks in a row, not one slow answer under load, mean down.
-                misses = 0 if ready else misses + 1
+                # Warm, a pool is up while one of its servers runs (the supervisor restarts one
+                # that dies); its /health is asked only while warming, not every second for ever.
+                ready = any(engine.alive() and not engine.restarting for engine in engines) and (
+                    warm or any(engine.ready() for engine in engines)
+                )
                 if ready and not warm:
                     provider = Provider.objects.get(name=config.name)
                     pool_warm(provider, log=log)
@@ -308,7 +310,7 @@ class Command(BaseCommand):
                         f"{provider.first_token_timeout_s:g} s)"
                     )
                     warm = True
-                elif warm and misses >= 2:
+                elif warm and not ready:
                     pool_warming(config.name, True)
                     log(f"pool {config.name}: no engine server answers; warming again, answers are extractive")
                     warm = False

@@ -237,11 +237,13 @@ def test_the_event_stream_keeps_alive_while_waiting_and_resumes_from_the_last_id
         first = writer.write("delta", text="Ten ")
         writer.write("delta", text="hours [1].")
         writer.write("stats", completion_tokens=3)
+        # The stored answer, which answer_finalize writes once it has checked the citations.
+        writer.write("answer", text="Ten hours [1].", grounded=1.0)
         resumed = await read_stream(client, path, **auth, **{"Last-Event-ID": first})
         whole = await read_stream(client, path + "?after=0", **auth)
         ended = [
             await read_stream(client, path, **auth, **{"Last-Event-ID": events_of(whole[1])[-1][1]}),
-            await read_stream(client, f"/api/v1/answers/{replayed.pk}/stream?after=0-2", **auth),
+            await read_stream(client, f"/api/v1/answers/{replayed.pk}/stream?after=0-3", **auth),
         ]
         replay = await read_stream(client, f"/api/v1/answers/{replayed.pk}/stream", **auth)
         session = AsyncClient()
@@ -265,13 +267,18 @@ def test_the_event_stream_keeps_alive_while_waiting_and_resumes_from_the_last_id
     assert [(kind, data) for kind, _, data in events_of(text)] == [
         ("delta", '{"text": "hours [1]."}'),
         ("stats", '{"completion_tokens": 3}'),
+        ("answer", '{"text": "Ten hours [1].", "grounded": 1.0}'),
     ]
     everything = events_of(whole[1])
-    assert [kind for kind, _, _ in everything] == ["delta", "delta", "stats"]
+    assert [kind for kind, _, _ in everything] == ["delta", "delta", "stats", "answer"]
     assert everything[0][1] == first and everything[1:] == events_of(text)
     assert by_session == whole  # a member's session reads it as a key does
     # Resuming after the last event: 204, which stops EventSource from reconnecting.
     assert ended == [(204, ""), (204, "")]
-    assert [(kind, event_id) for kind, event_id, _ in events_of(replay[1])] == [("delta", "0-1"), ("stats", "0-2")]
+    assert [(kind, event_id) for kind, event_id, _ in events_of(replay[1])] == [
+        ("delta", "0-1"),
+        ("stats", "0-2"),
+        ("answer", "0-3"),
+    ]
     assert [status for status, _ in refusals] == [401, 404, 400, 404]
     assert '"field": "Last-Event-ID"' in refusals[2][1]

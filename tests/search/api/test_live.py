@@ -96,7 +96,8 @@ def test_an_extractive_answer_streams_over_uvicorn_and_resumes(live):
     assert answer["stream_url"] == f"{live}/api/v1/answers/{answer['id']}/stream"
 
     events = read_events(answer["stream_url"], token)
-    assert [kind for _, kind, _, _ in events][-1] == "stats"
+    assert [kind for _, kind, _, _ in events][-2:] == ["stats", "answer"]
+    assert events[-1][3]["text"] == answer["text"]  # the stored answer ends the stream
     assert "".join(data["text"] for _, kind, _, data in events if kind == "delta") == answer["text"]
     resumed = read_events(answer["stream_url"], token, last_event_id=events[0][2])
     assert [event[1:] for event in resumed] == [event[1:] for event in events[1:]]
@@ -146,10 +147,12 @@ def test_upload_ingest_and_a_generated_answer_streamed_delta_by_delta(live, medi
         events = read_events(answer["stream_url"], token)
 
         kinds = [kind for _, kind, _, _ in events]
-        assert kinds == ["delta"] * (len(kinds) - 1) + ["stats"] and len(kinds) > 5
+        assert kinds == ["delta"] * (len(kinds) - 2) + ["stats", "answer"] and len(kinds) > 6
         assert "".join(data["text"] for _, kind, _, data in events if kind == "delta") == reply
+        # The stream ends with the stored answer, its citations checked (the reply quotes its source).
+        assert (events[-1][3]["text"], events[-1][3]["grounded"]) == (reply, 1.0)
         # One token every 150 ms upstream: the events arrived spread out, as they were written.
-        assert events[-1][0] - events[0][0] > 0.6
+        assert events[-2][0] - events[0][0] > 0.6
         deadline = time.monotonic() + 30
         while (stored := call("GET", answer["url"], token)[2])["status"] == "generating":
             assert time.monotonic() < deadline

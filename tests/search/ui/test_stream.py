@@ -73,12 +73,19 @@ def test_events_arrive_as_they_are_written_and_resume_after_the_last_id(start_we
             assert next_event(response)["event"] == "progress"
             stats_id = writer.write("stats", completion_tokens=7)
             assert next_event(response) == {"id": stats_id, "event": "stats", "data": {"completion_tokens": 7}}
-            assert next_event(response) is None  # the server ends the response after stats
+            # The generation has ended; the stored answer, its citations checked, ends the stream.
+            answer_id = writer.write("answer", text="Lift rises with the angle [1].", sentences=[])
+            assert next_event(response) == {
+                "id": answer_id,
+                "event": "answer",
+                "data": {"text": "Lift rises with the angle [1].", "sentences": []},
+            }
+            assert next_event(response) is None  # the server ends the response after the answer
 
         # The browser reconnects with the last id it saw: only what came after.
         with open_events(url, session_of(ann), last_event_id=first_id) as response:
             events = [event for event in iter(lambda: next_event(response), None) if "event" in event]
-        assert [event["id"] for event in events] == [second_id, events[1]["id"], stats_id]
+        assert [event["id"] for event in events] == [second_id, events[1]["id"], stats_id, answer_id]
 
         with pytest.raises(urllib.error.HTTPError) as anonymous:
             open_events(url, None)

@@ -1,0 +1,220 @@
+"""A stream-side detector of generations that repeat themselves (docs/routing.md,
+"Generations that repeat themselves").
+
+``RepetitionGuard.feed(delta)`` takes each text delta of a generation as it arrives and
+returns a ``Repetition`` once the text's tail is one unit repeated, by these rules (the unit
+is the shortest string whose repetition the tail is, found by its periodicity):
+
+- ``span``: a unit of at least ``span_chars`` characters or ``span_words`` words, repeated
+  ``repeats`` times in a row (a sentence or a paragraph said three times);
+- ``line``: whole lines of at least ``line_words`` words and ``line_chars`` characters other
+  than spaces, repeated ``repeats`` times (a short line said three times; not a table row,
+  nor ``}`` or ``end`` of code, which are shorter);
+- ``digits``: digits repeated over ``digit_run_chars`` characters (``1000000000000...``);
+- ``blank``: blank lines over ``blank_run_chars`` characters (a model that emits newlines
+  until ``max_tokens``);
+- ``short``: any other unit over ``short_run_chars`` characters (``ha ha ha ...``,
+  ``-----...``, ``[1][1][1]...``).
+
+Legitimate text rarely repeats itself exactly and consecutively: the items of a numbered
+list differ by their numbers and content, table rows by their cells, a quoted sentence
+comes twice at most; so only consecutive exact copies count, and short units must fill far
+more than three copies' worth.
+
+Cost: a delta is appended to a list; every ``check_every_chars`` characters the last
+``max_period_chars`` + 12 characters are searched (``str.rfind``, in C) for earlier
+occurrences of the last 12, each of which is a candidate period, verified by one string
+comparison. A few microseconds per check on ordinary text, whatever its length (only a
+window of the tail is kept).
+
+What the stored answer keeps: ``Repetition.cut_at_char`` is the length of the text to keep,
+``text[:cut_at_char]``: everything before the repeated run and its first copy (extended to
+the end of its word or its closing punctuation, trailing whitespace dropped). The text
+already streamed to readers cannot be unsent; ``trim_repetition(text, stats)`` applies the
+cut recorded in a generation's stats (``stats["repetition"]``), idempotently.
+
+No Django import (``inference.remote`` is a plain client).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import asdict, dataclass
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    span_chars: int = 30  # about 6 words: shorter units are common inside legitimate text
+    span_words: int = 8
+    repeats: int = 3  # a quoted sentence may come twice; a third copy in a row is a loop
+    line_words: int = 3
+    line_chars: int = 12
+    digit_run_chars: int = 40  # longer than any real number (10^12 has 12 zeros)
+    blank_run_chars: int = 64
+    short_run_chars: int = 200  # ~50 tokens: above separators (80 '=') and wide table rules
+    max_period_chars: int = 400  # longer units are not looked for
+    check_every_chars: int = 16  # detection lags the loop by at most this (plus one delta)
+
+
+THRESHOLDS = Thresholds()
+
+# The tail's last NEEDLE characters are searched for earlier: each occurrence is a candidate
+# period. At most MAX_CANDIDATES are verified per check (the nearest first).
+NEEDLE = 12
+MAX_CANDIDATES = 64
+# Characters that may end the kept copy (besides whitespace).
+_CLOSING = frozenset(".!?,;:)]}")
+_WORD = re.compile(r"\w+")
+
+
+@dataclass(frozen=True)
+class Repetition:
+    """Where a generation's loop is, in characters of its text (all its deltas joined)."""
+
+    cut_at_char: int  # keep text[:cut_at_char]: what came before the loop, and its first copy
+    start_char: int  # where the repeated run begins
+    period: int  # characters of the repeated unit
+    repeats: int  # full copies of it in the tail when detected
+    rule: str  # span, line, digits, blank or short (the module's docstring)
+    chars_seen: int  # characters fed when it was detected
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class RepetitionGuard:
+    """Feed it every text delta of one generation, in order; ``feed`` returns the
+    ``Repetition`` from the delta on which the tail became a loop (and the same afterwards),
+    else None. Never raises: a failure of the guard itself stops the watching (logged)."""
+
+    def __init__(self, thresholds: Thresholds = THRESHOLDS):
+        self.thresholds = thresholds
+        self.found: Repetition | None = None
+        self.chars = 0  # fed so far
+        self._tail = ""  # the last characters fed, at most _window
+        self._offset = 0  # characters dropped before _tail
+        self._pending: list[str] = []
+        self._unchecked = 0
+        self._window = 4 * thresholds.max_period_chars + thresholds.short_run_chars + 1024
+        self._failed = False
+
+    def feed(self, text: str) -> Repetition | None:
+        if self.found is not None or self._failed or not text:
+            return self.found
+        self._pending.append(text)
+        self.chars += len(text)
+        self._unchecked += len(text)
+        if self._unchecked >= self.thresholds.check_every_chars:
+            try:
+                self.found = self._check()
+            except Exception:
+                self._failed = True
+                logger.exception("the repetition guard failed: this generation is no longer watched")
+        return self.found
+
+    # ------------------------------------------------------------------ the check
+
+    def _check(self) -> Repetition | None:
+        self._unchecked = 0
+        tail = self._tail + "".join(self._pending)
+        self._pending.clear()
+        if len(tail) > self._window:
+            drop = len(tail) - self._window
+            tail, self._offset = tail[drop:], self._offset + drop
+        self._tail = tail
+        n = len(tail)
+        if n <= NEEDLE:
+            return None
+        needle = tail[n - NEEDLE :]
+        low = max(0, n - NEEDLE - self.thresholds.max_period_chars)
+        end = n - 1  # an occurrence ending before the last character: period >= 1
+        for _ in range(MAX_CANDIDATES):
+            at = tail.rfind(needle, low, end)
+            if at < 0:
+                return None
+            end = at + NEEDLE - 1  # the next one starts before this one
+            found = self._loop_of_period(tail, n - NEEDLE - at)
+            if found is not None:
+                return found
+        return None
+
+    def _loop_of_period(self, tail: str, period: int) -> Repetition | None:
+        """The loop when the tail repeats its last ``period`` characters enough for a rule."""
+        n = len(tail)
+        unit = tail[n - period :]
+        if (unit + unit).find(unit, 1) < period:
+            return None  # a repetition of a shorter unit: that one is the candidate to judge
+        rule, needed = self._rule(unit)
+        if needed > n:
+            return None
+        run = tail[n - needed :]
+        if run[period:] != run[:-period]:
+            return None
+        start = n - needed
+        while start > 0 and tail[start - 1] == tail[start - 1 + period]:
+            start -= 1
+        cut = self._cut(tail, start, period)
+        return Repetition(
+            cut_at_char=self._offset + cut,
+            start_char=self._offset + start,
+            period=period,
+            repeats=(n - start) // period,
+            rule=rule,
+            chars_seen=self._offset + n,
+        )
+
+    def _rule(self, unit: str) -> tuple[str, int]:
+        """The rule a unit falls under, and how many characters of the tail it must fill."""
+        t = self.thresholds
+        period = len(unit)
+        copies = t.repeats * period
+        # Counted on the rotation that starts after a whitespace, so that no word is split.
+        space = max(unit.rfind(" "), unit.rfind("\n"), unit.rfind("\t"))
+        words = len(_WORD.findall(unit[space + 1 :] + unit[: space + 1]))
+        if period >= t.span_chars or words >= t.span_words:
+            return "span", copies
+        if "\n" in unit:
+            if unit.isspace():
+                return "blank", max(t.blank_run_chars, copies)
+            line = unit[unit.rfind("\n") + 1 :] + unit[: unit.rfind("\n") + 1]  # whole lines
+            content = line.strip()
+            if (
+                words >= t.line_words
+                and len("".join(content.split())) >= t.line_chars
+                and not content.startswith("|")  # a table's rows may repeat
+            ):
+                return "line", copies
+        if unit.isdigit():
+            return "digits", max(t.digit_run_chars, copies)
+        return "short", max(t.short_run_chars, copies)
+
+    @staticmethod
+    def _cut(tail: str, start: int, period: int) -> int:
+        """Where the kept text ends: after the first copy of the unit from ``start``, moved on
+        (less than a period) to the end of its word or its closing punctuation, since the run
+        may begin inside the sentence before the loop when it ends like the unit; trailing
+        whitespace dropped."""
+        n = len(tail)
+        first_end = start + period
+        cut = first_end
+        for c in range(first_end, min(first_end + period, n + 1)):
+            if c == n or tail[c - 1].isspace() or tail[c - 1] in _CLOSING or tail[c].isspace():
+                cut = c
+                break
+        while cut > 0 and tail[cut - 1].isspace():
+            cut -= 1
+        return cut
+
+
+def trim_repetition(text: str, stats: dict | None) -> str:
+    """``text`` as an answer should store it: ``text[:cut_at_char]`` when ``stats`` (a
+    generation's stats, as its ``stats`` event and result carry them) record a repetition
+    cut, else unchanged. Idempotent: trimming trimmed text changes nothing."""
+    repetition = stats.get("repetition") if isinstance(stats, dict) else None
+    cut = repetition.get("cut_at_char") if isinstance(repetition, dict) else None
+    if isinstance(cut, int) and not isinstance(cut, bool) and 0 <= cut < len(text):
+        return text[:cut]
+    return text

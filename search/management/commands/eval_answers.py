@@ -1,0 +1,202 @@
+"""``manage.py eval_answers FILE.jsonl``: answer quality through the real answer path.
+
+Each line of the file is one question: ``{"id", "question", "expected": [regex, ...],
+"sources": [file name, ...], "kind": "single" | "two_facts" | "two_documents" |
+"unanswerable"}``. Every question is asked with ``answer_create`` (as the UI and both APIs
+do), one at a time, and waited for: the running system's workers (``manage.py up``)
+retrieve, generate and verify it. Judged per answer:
+
+- correct: every ``expected`` pattern matches the text (case-insensitive); an unanswerable
+  question is correct when the answer abstained;
+- right source: every expected file is among the documents the answer cites;
+- citation validity: the share of the text's citation markers that name a source the prompt
+  gave, of the stored text and of the text as generated (before verification);
+- abstention: unanswerable questions declined, and answerable ones declined wrongly;
+- grounded share, how each generation ended (repetition, max_tokens), latency, the engine's
+  acceptance figures.
+
+The same figures of the text as generated (before verification) are printed beside
+(``unverified``). The last line printed is one JSON object. docs/answers.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from pathlib import Path
+
+from django.core.management.base import CommandError
+
+from ragsite.commands import DatabaseCommand
+from search.answers import answer_create
+from search.models import Answer, Collection, Document, Workspace
+from search.prompting import citation_markers
+
+KINDS = ("single", "two_facts", "two_documents", "unanswerable")
+
+
+def qa_read(path: Path) -> list[dict]:
+    """The questions of a QA file, checked: a malformed line is refused with its number."""
+    items = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"{path}:{number}: not JSON ({exc})") from None
+        missing = [key for key in ("id", "question", "expected", "sources", "kind") if key not in item]
+        if missing:
+            raise CommandError(f"{path}:{number}: missing {', '.join(missing)}")
+        if item["kind"] not in KINDS:
+            raise CommandError(f"{path}:{number}: kind {item['kind']!r} is not one of {', '.join(KINDS)}")
+        try:
+            item["patterns"] = [re.compile(pattern, re.IGNORECASE) for pattern in item["expected"]]
+        except re.error as exc:
+            raise CommandError(f"{path}:{number}: a pattern does not compile ({exc})") from None
+        items.append(item)
+    if not items:
+        raise CommandError(f"{path} holds no question")
+    return items
+
+
+def _percentile(values: list[float], q: int) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return round(values[0], 1)
+    return round(statistics.quantiles(sorted(values), n=100, method="inclusive")[q - 1], 1)
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 4) if values else None
+
+
+def _share(flags: list[bool]) -> float | None:
+    return round(sum(flags) / len(flags), 4) if flags else None
+
+
+def judge(item: dict, answer: Answer, files_by_document: dict[int, str]) -> dict:
+    """One answer's verdicts (see the module docstring)."""
+    given = {source["number"]: source for source in answer.sources}
+    original = answer.verification.get("original_text", answer.text) if answer.verification else answer.text
+
+    def cited_files(text: str) -> set[str]:
+        numbers = {n for marker in citation_markers(text) for n in marker.numbers if n in given}
+        return {files_by_document.get(given[n]["document_id"], "") for n in numbers}
+
+    def validity(text: str) -> tuple[int, int]:
+        numbers = [n for marker in citation_markers(text) for n in marker.numbers]
+        return sum(n in given for n in numbers), len(numbers)
+
+    answerable = item["kind"] != "unanswerable"
+    verdict = {
+        "id": item["id"],
+        "kind": item["kind"],
+        "status": answer.status,
+        "mode": answer.mode,
+        "abstained": answer.abstained,
+        "grounded": answer.grounded,
+        "finish_reason": (answer.stats or {}).get("finish_reason"),
+        "total_ms": (answer.timings or {}).get("total_ms"),
+        "speculative": (answer.stats or {}).get("speculative"),
+    }
+    for name, text, abstained in (("", answer.text, answer.abstained), ("unverified_", original, False)):
+        if answerable:
+            correct = answer.status == Answer.Status.DONE and all(p.search(text) for p in item["patterns"])
+            right_source = set(item["sources"]) <= cited_files(text)
+        else:
+            # Unverified, a decline is only what the model itself wrote.
+            correct = abstained or bool(answer.verification.get("declined") and not name)
+            right_source = None
+        valid, markers = validity(text)
+        verdict.update({f"{name}correct": correct, f"{name}right_source": right_source})
+        verdict.update({f"{name}valid_markers": valid, f"{name}markers": markers})
+    return verdict
+
+
+def summarise(verdicts: list[dict], model: str) -> dict:
+    answerable = [v for v in verdicts if v["kind"] != "unanswerable"]
+    unanswerable = [v for v in verdicts if v["kind"] == "unanswerable"]
+    latencies = [v["total_ms"] for v in verdicts if v["total_ms"] is not None]
+    speculative = [v["speculative"] for v in verdicts if v["speculative"]]
+    summary = {"model": model, "questions": len(verdicts), "answerable": len(answerable)}
+    for name in ("", "unverified_"):
+        markers = sum(v[f"{name}markers"] for v in verdicts)
+        summary[f"{name}correct"] = _share([v[f"{name}correct"] for v in answerable])
+        summary[f"{name}right_source"] = _share([v[f"{name}right_source"] for v in answerable])
+        summary[f"{name}citation_validity"] = (
+            round(sum(v[f"{name}valid_markers"] for v in verdicts) / markers, 4) if markers else None
+        )
+    summary.update(
+        {
+            "unanswerable_declined": _share([v["abstained"] for v in unanswerable]),
+            "answerable_declined": _share([v["abstained"] for v in answerable]),
+            "grounded": _mean([v["grounded"] for v in verdicts if v["grounded"] is not None]),
+            "failed": sum(v["status"] != Answer.Status.DONE for v in verdicts),
+            "ended_by_repetition": sum(v["finish_reason"] == "repetition" for v in verdicts),
+            "ended_at_max_tokens": sum(v["finish_reason"] == "length" for v in verdicts),
+            "latency_p50_ms": _percentile(latencies, 50),
+            "latency_p99_ms": _percentile(latencies, 99),
+            "draft_acceptance_mean": _mean(
+                [s["draft_accepted"] for s in speculative if s.get("draft_accepted") is not None]
+            ),
+            "mean_acceptance_length": _mean(
+                [s["mean_acceptance_length"] for s in speculative if s.get("mean_acceptance_length") is not None]
+            ),
+            "modes": {mode: sum(v["mode"] == mode for v in verdicts) for mode in sorted({v["mode"] for v in verdicts})},
+        }
+    )
+    return summary
+
+
+class Command(DatabaseCommand):
+    help = "Ask a QA set's questions through the answer path and print answer quality (last line: JSON)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("file", type=Path)
+        parser.add_argument("--workspace", default="demo", help="The workspace's slug (default: demo).")
+        parser.add_argument("--collection", action="append", help="A collection's name (repeatable; default: all).")
+        parser.add_argument("--route", default=None, help="A route's name (default: the default route).")
+        parser.add_argument("--timeout", type=float, default=300.0, help="Seconds to wait for one answer.")
+        parser.add_argument("--limit", type=int, default=None, help="Only the first N questions.")
+
+    def handle(self, *args, **options):
+        if not options["file"].is_file():
+            raise CommandError(f"{options['file']} is not a file")
+        items = qa_read(options["file"])[: options["limit"]]
+        workspace = Workspace.objects.filter(slug=options["workspace"]).first()
+        if workspace is None:
+            raise CommandError(f"no workspace {options['workspace']!r} (manage.py up loads the demo one)")
+        collections = None
+        if options["collection"]:
+            collections = list(Collection.objects.filter(workspace=workspace, name__in=options["collection"]))
+            if len(collections) != len(set(options["collection"])):
+                raise CommandError(f"not every collection of {options['collection']} is in {workspace.slug!r}")
+        files = dict(Document.objects.filter(collection__workspace=workspace).values_list("id", "source_name"))
+        verdicts, models = [], set()
+        for item in items:
+            answer = answer_create(
+                workspace=workspace, question=item["question"], collections=collections, route_name=options["route"]
+            )
+            answer = self._wait(answer, options["timeout"])
+            models.add(answer.route.provider.model if answer.route_id and answer.mode == "generated" else "extractive")
+            verdict = judge(item, answer, files)
+            verdicts.append(verdict)
+            flags = " ".join(
+                f"{key}={verdict[key]}" for key in ("correct", "right_source", "abstained", "grounded", "finish_reason")
+            )
+            self.stdout.write(f"{item['id']} {verdict['mode']} {verdict['total_ms']} ms {flags}")
+        self.stdout.write(json.dumps(summarise(verdicts, ", ".join(sorted(models))), ensure_ascii=False))
+
+    @staticmethod
+    def _wait(answer: Answer, timeout: float) -> Answer:
+        deadline = time.monotonic() + timeout
+        while answer.status not in (Answer.Status.DONE, Answer.Status.FAILED):
+            if time.monotonic() > deadline:
+                raise CommandError(f"answer {answer.pk} to {answer.question!r} not finished after {timeout:g} s")
+            time.sleep(0.25)
+            answer.refresh_from_db()
+        return answer

@@ -1,0 +1,741 @@
+"""Verified citations: each sentence of a generated answer checked against the passages it was given.
+
+``answer_verify(text, passages, embedding_model=..., text_search_config=...)`` takes an
+answer and ``{source number: source text}`` (the sources of its prompt) and returns a
+``Verification``: the corrected text, one ``SentenceCheck`` per sentence, and counts.
+
+- A citation naming a number that no passage has is removed from the text (counted in
+  ``removed_markers``: one per number removed, ``[2, 9]`` becomes ``[2]``).
+- The text is cut into sentences (lines, list items, sentence ends; markers placed after
+  the full stop belong to the sentence before them). Each is one of
+
+  ``not_a_claim``   a greeting, a lead-in ("Here is what the sources say:"), a question, a heading;
+  ``decline``       it says the sources do not answer ("The sources do not say ...");
+  a claim, whose support by each passage is scored (0..1), and then
+  ``kept``          a cited passage supports it (support >= ``THRESHOLD``);
+  ``reattributed``  no cited passage does, another does by ``MARGIN`` more: its markers
+                    are replaced by that passage's number;
+  ``added``         it cited nothing and a passage supports it: that citation is appended;
+  ``unsupported``   nothing supports it (its markers are kept), or it only names sources or
+                    titles instead of saying something ("Source 2: travel-and-expenses.md").
+
+- ``grounded`` is the share of claims that are supported (None without a claim);
+  ``declined`` is true when the answer declines and makes no claim.
+
+Support of a claim by a passage (0..1): ``DENSE_WEIGHT`` x the best cosine between the
+claim and the passage's sentences (the collection's embedding model; the claims and all
+passage sentences in one call) + the rest x the weighted share of the claim's content
+lexemes, names and values (numbers, identifiers like "Atlas-7", days, months) that the
+passage holds (lexemes of ``text_search_config`` as keyword search makes them, all texts
+in one query), less ``VALUE_PENALTY`` x the share of its values and ``NAME_PENALTY`` x the
+share of its names that the passage lacks. Without an embedding model, or when it fails,
+the lexical part alone decides (``scorer`` says which). ``passages`` should be the text as
+the prompt gave it, title line included: a chunk often names its subject only there.
+Weights and thresholds: calibrated on ``tests/data/verification_claims.jsonl``;
+docs/answers.md ("Verified citations") gives the figures and the reasons.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from django.db import connection
+
+from search.embedders import EmbedderError, embedder_get
+from search.prompting import CitationMarker, citation_markers
+
+logger = logging.getLogger(__name__)
+
+# Calibrated on tests/data/verification_claims.jsonl (docs/answers.md, "Verified citations").
+DENSE_WEIGHT = 0.3
+NAME_WEIGHT = 2.0
+VALUE_WEIGHT = 4.0
+VALUE_PENALTY = 1.0
+NAME_PENALTY = 0.2
+THRESHOLD = 0.62
+MARGIN = 0.05
+# The lexical part alone (no embedding model, or it failed).
+LEXICAL_THRESHOLD = 0.62
+LEXICAL_MARGIN = 0.05
+
+SCORER = "minilm+lexical"
+SCORER_LEXICAL = "lexical"
+
+# Words that carry no claim (PostgreSQL's search_english keeps all but 33 stop words): left
+# out of a claim's content before its lexemes are taken.
+STOP_WORDS = frozenset(
+    """a an and are as at be been but by can could did do does for from had has have how i if in into is it its
+    may me might must my no not of on or our shall should so such than that the their them then there these
+    they this those to us was we were what when where which who whom why will with would you your""".split()
+)
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class SentenceCheck:
+    start: int  # character span of the sentence in Verification.text (the corrected text)
+    end: int
+    citations: list[int]  # source numbers cited by this sentence after verification
+    support: float  # support score of the best cited passage (0..1), after verification
+    supported: bool
+    action: str  # "kept" | "reattributed" | "added" | "unsupported" | "decline" | "not_a_claim"
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "citations": list(self.citations), "support": round(float(self.support), 4)}
+
+
+@dataclass(frozen=True)
+class Verification:
+    text: str  # the answer text after verification
+    sentences: list[SentenceCheck]
+    grounded: float | None  # share of claim sentences that are supported (None without a claim)
+    removed_markers: int  # cited numbers that no source has, removed from the text
+    reattributed: int
+    added: int
+    unsupported: int
+    declined: bool  # the answer as a whole says that the sources do not answer
+    scorer: str = SCORER  # what scored support: "minilm+lexical", or "lexical" without embeddings
+
+    def as_dict(self) -> dict:
+        return {
+            "sentences": [sentence.as_dict() for sentence in self.sentences],
+            "grounded": None if self.grounded is None else round(self.grounded, 4),
+            "removed_markers": self.removed_markers,
+            "reattributed": self.reattributed,
+            "added": self.added,
+            "unsupported": self.unsupported,
+            "declined": self.declined,
+            "scorer": self.scorer,
+        }
+
+
+CLAIM_ACTIONS = frozenset({"kept", "reattributed", "added", "unsupported"})
+
+# --------------------------------------------------------------------------- sentences
+
+# A sentence ends at . ! ? or an ellipsis, after closing quotes and brackets and any citation
+# markers placed after the full stop ("... in 1889. [2] Then"), before white space.
+_CITATION_RUN = r"(?:\s*\[\s*\d[\d\s,;\-\u2013]*\])*"
+_SENTENCE_END = re.compile(rf"[.!?\u2026]+[\"'\u201d\u2019)]*{_CITATION_RUN}(?:\s+|$)")
+_LIST_PREFIX = re.compile(r"[ \t]*(?:[-*+\u2022\u2013]|\d{1,3}[.)]|[a-z][.)])[ \t]+")
+# Words after which a full stop does not end a sentence ("No." and "Nr." only before a number;
+# "etc." and "min." end sentences as often as not, so they are left out).
+_ABBREVIATIONS = frozenset("e.g i.e eg ie dr mr mrs ms prof st vs approx incl cf fig".split())
+_ABBREVIATIONS_BEFORE_NUMBERS = frozenset({"no", "nr"})
+_TRAILING_PUNCTUATION = re.compile(r"[.!?\u2026:;]+[\"'\u201d\u2019)]*$")
+
+
+@dataclass
+class _Sentence:
+    start: int  # span in the text after invalid markers were removed
+    end: int
+    list_item: bool
+    lead_in: str = ""  # the line ending in ":" that this list item continues
+    markers: list[CitationMarker] = field(default_factory=list)  # relative to start
+
+
+def _sentence_spans(text: str) -> list[_Sentence]:
+    """The sentences of an answer: each line (list markers left out of the span) cut at
+    sentence ends; markers after a full stop stay with the sentence they follow."""
+    sentences: list[_Sentence] = []
+    lead_in = ""
+    for line in re.finditer(r"[^\n]+", text):
+        prefix = _LIST_PREFIX.match(line.group())
+        list_item = prefix is not None
+        begin = line.start() + (prefix.end() if prefix else 0)
+        pieces: list[list[int]] = []
+        cut = begin
+        for end in _SENTENCE_END.finditer(text, begin, line.end()):
+            before = text[cut : end.start()].rsplit(None, 1)
+            word = before[-1].lower().rstrip(".") if before else ""
+            following = text[end.end() : end.end() + 1]
+            if (
+                word in _ABBREVIATIONS
+                or (word in _ABBREVIATIONS_BEFORE_NUMBERS and following.isdigit())
+                or (len(word) == 1 and word.isalpha())  # an initial: "J. Smith"
+                or following.islower()
+            ):
+                continue
+            pieces.append([cut, end.end()])
+            cut = end.end()
+        pieces.append([cut, line.end()])
+        line_sentences: list[_Sentence] = []
+        for start, end in pieces:
+            piece = text[start:end]
+            start += len(piece) - len(piece.lstrip())
+            end -= len(piece) - len(piece.rstrip())
+            if end <= start:
+                continue
+            if line_sentences and not _strip_markers(text[start:end]).strip():
+                line_sentences[-1].end = end  # "... in 1889. [2]": the markers of the sentence before
+                continue
+            line_sentences.append(_Sentence(start, end, list_item, lead_in if list_item else ""))
+        sentences.extend(line_sentences)
+        if not list_item:
+            lead_in = _lead_in(line.group())
+    for sentence in sentences:
+        sentence.markers = citation_markers(text[sentence.start : sentence.end])
+    return sentences
+
+
+def _lead_in(line: str) -> str:
+    """The last sentence of a line ending in ":" that introduces the list below it ("Every
+    employee receives:"); none for a line that only announces the answer ("Here is what
+    the sources say:")."""
+    last = _plain(_strip_markers(line)).rstrip()
+    if not last.endswith(":"):
+        return ""
+    last = re.split(r"(?<=[.!?])\s+", last)[-1]
+    return "" if _FILLER.match(last) or _SOURCE_WORDS.search(last) else last
+
+
+def _strip_markers(text: str) -> str:
+    return _remove_spans(text, [(m.start, m.end) for m in citation_markers(text)])
+
+
+def _plain(text: str) -> str:
+    """A sentence as it is scored: Markdown emphasis and backticks out, spaces collapsed."""
+    text = re.sub(r"[*_`]{1,3}", "", text)
+    return " ".join(text.split())
+
+
+# --------------------------------------------------------------------------- editing markers
+
+
+def _remove_spans(text: str, spans: Sequence[tuple[int, int]]) -> str:
+    """``text`` without ``spans`` (markers), leaving no doubled or dangling spaces: the space
+    before a marker goes with it unless a word follows right after."""
+    for start, end in sorted(spans, reverse=True):
+        left = start
+        while left > 0 and text[left - 1] in " \t":
+            left -= 1
+        following = text[end : end + 1]
+        if left < start and not following.isalnum():
+            start = left
+        elif left == start and (start == 0 or text[start - 1] == "\n"):
+            while end < len(text) and text[end] in " \t":
+                end += 1
+        text = text[:start] + text[end:]
+        # "claim ([9])." would leave "claim ()." behind.
+        empty = re.compile(r"[ \t]*\([ \t]*\)").search(text, max(start - 16, 0), start + 16)
+        if empty and empty.start() <= start <= empty.end():
+            text = text[: empty.start()] + text[empty.end() :]
+    return text
+
+
+def _marker_text(numbers: Sequence[int]) -> str:
+    return "[" + ", ".join(map(str, numbers)) + "]"
+
+
+def _drop_unknown(text: str, known: set[int]) -> tuple[str, int]:
+    """Markers naming numbers that no passage has: those numbers removed (the marker too when
+    nothing is left). Returns the text and how many numbers were removed."""
+    removed = 0
+    for marker in reversed(citation_markers(text)):
+        valid = [number for number in marker.numbers if number in known]
+        unknown = len(marker.numbers) - len(valid)
+        if not unknown:
+            continue
+        removed += unknown
+        if valid:
+            text = text[: marker.start] + _marker_text(valid) + text[marker.end :]
+        else:
+            text = _remove_spans(text, [(marker.start, marker.end)])
+    return text, removed
+
+
+def _with_citation(sentence: str, markers: Sequence[CitationMarker], number: int) -> str:
+    """``sentence`` citing ``number`` only: its markers replaced by one at the first one's
+    place, or, without markers, one added before the closing punctuation."""
+    if markers:
+        first = markers[0]
+        rest = _remove_spans(sentence[first.end :], [(m.start - first.end, m.end - first.end) for m in markers[1:]])
+        return sentence[: first.start] + f"[{number}]" + rest
+    tail = _TRAILING_PUNCTUATION.search(sentence)
+    cut = tail.start() if tail else len(sentence)
+    return sentence[:cut].rstrip() + f" [{number}]" + sentence[cut:]
+
+
+# --------------------------------------------------------------------------- kinds of sentence
+
+_DECLINES = [
+    re.compile(pattern, re.IGNORECASE)
+    for pattern in (
+        r"\b(sources?|documents?|passages?|context|excerpts?|provided (text|information|material))\b[^.]{0,60}?"
+        r"\b(do|does|did)\s*(n[o']t|not)\s+(say|state|contain|mention|specify|include|provide|cover|answer|"
+        r"address|describe|give|list|indicate|explain|discuss|offer|have)\b",
+        r"\bnot\s+(mentioned|specified|stated|covered|addressed|included|provided|given|found|described|"
+        r"available|discussed|listed)\s+(in|by)\s+(any of\s+)?(the\s+)?(provided\s+|given\s+|available\s+)?"
+        r"(sources?|documents?|passages?|context|excerpts?)",
+        r"\b(i|we)\s+(could|can|was|were|am)\s*(n[o']t|not|unable to)\s+(find|locate|determine|answer|tell|see)",
+        r"\b(i|we)\s+(do|did)\s*(n[o']t|not)\s+(know|find|have (enough |any )?information)",
+        r"\b(unable|not able)\s+to\s+(find|answer|determine|tell)",
+        r"\bnone of the (provided |given )?(sources|documents|passages|excerpts)\b",
+        r"\bno (information|mention|details?|data|answer)\b[^.]{0,40}?\b(in|from) the (provided |given )?"
+        r"(sources?|documents?|passages?|context)",
+        r"\b(sources?|documents?|passages?)\s+(are silent|say nothing|contain no|hold no|give no|provide no)\b",
+        r"^there is no (information|mention)\b",
+        r"\bis not (in|part of|contained in|covered by) (any of )?the (provided |given )?"
+        r"(sources?|documents?|passages?|context|excerpts?)",
+    )
+]
+_FILLER = re.compile(
+    r"^(i hope|hope this|let me know|feel free|happy to help|glad to help|great question|good question|"
+    r"sure\b|certainly\b|of course\b|hi\b|hello\b|thanks\b|thank you|you're welcome|in summary:?$|"
+    r"(here is|here's|here are|below is|below are)\b)",
+    re.IGNORECASE,
+)
+_SOURCE_LABEL = re.compile(r"^(sources?|references?|citations?|documents?|see( also)?)\b\s*(\[?\d|:|-|\u2013)", re.I)
+_FILE_NAME = re.compile(r"\b[\w.-]+\.(?:md|txt|html?|pdf|docx?|pptx?|xlsx?|csv|json)\b", re.IGNORECASE)
+_SOURCE_WORDS = re.compile(r"\b(sources?|documents?|passages?|context|excerpts?)\b", re.IGNORECASE)
+_DOCUMENT_WORDS = frozenset(
+    """guide guides policy policies handbook handbooks faq faqs document documents doc docs file files manual
+    source sources page pages section sections chapter readme notes article wiki""".split()
+)
+_WORD = re.compile(r"\w+(?:['\u2019.-]\w+)*")
+
+
+def _title_words(passage: str) -> set[str]:
+    first = passage.strip().split("\n", 1)[0]
+    words = {w.lower() for w in _WORD.findall(_FILE_NAME.sub(lambda m: m.group().rsplit(".", 1)[0], first))}
+    words |= {part for w in words for part in re.split(r"[-_.]", w) if part}
+    return words - STOP_WORDS if len(first) <= 120 else set()
+
+
+def _is_decline(plain: str) -> bool:
+    return any(pattern.search(plain) for pattern in _DECLINES)
+
+
+def _is_filler(plain: str) -> bool:
+    """A greeting, a lead-in, a question: nothing to check."""
+    words = _WORD.findall(plain)
+    if plain.endswith("?") or not words:
+        return True
+    if plain.endswith(":") and not re.search(r"\d", plain):  # a lead-in to a list
+        return True
+    return bool(_FILLER.match(plain)) and len(words) <= 14 and not re.search(r"\d", plain)
+
+
+def _names_sources(plain: str) -> bool:
+    """Only a label of sources or file names: "Source 2: travel-and-expenses.md"."""
+    if _SOURCE_LABEL.match(plain):
+        return True
+    if not _FILE_NAME.search(plain):
+        return False
+    rest = _WORD.findall(_FILE_NAME.sub(" ", plain))
+    return len([w for w in rest if w.lower() not in STOP_WORDS and w.lower() not in _DOCUMENT_WORDS]) < 3
+
+
+def _is_title(plain: str, has_marker: bool, lead_in: str, titles: Sequence[set[str]]) -> bool:
+    """A bare title or document name instead of a statement ("[9] onboarding guide",
+    "Travel and Expenses Policy [1]"): small models answer with what they read, not what it
+    says. A short list item under a lead-in ("Created automatically: - Slack [1]") is a
+    claim, unless it is the title of a passage."""
+    words = _WORD.findall(plain)
+    content = [w.lower() for w in words if w.lower() not in STOP_WORDS]
+    if not content or len(words) > 12:
+        return False
+    if any(set(content) <= title for title in titles):
+        return True
+    if lead_in or len(words) > 8 or re.search(r"\d", plain) or plain.endswith((".", "!")):
+        return False
+    if any(word in _DOCUMENT_WORDS for word in content):
+        return True
+    # "Travel and Expenses Policy": every content word capitalised (one alone only if cited).
+    capitalised = all(w[:1].isupper() for w in words if w.lower() not in STOP_WORDS)
+    return capitalised and (len(content) >= 2 or has_marker)
+
+
+# --------------------------------------------------------------------------- evidence
+
+# Number words, from two: "one" is as often a pronoun ("not the default one") as a number.
+_NUMBER_WORDS = {
+    word: str(value)
+    for value, word in enumerate(
+        """two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen
+        seventeen eighteen nineteen twenty""".split(),
+        start=2,
+    )
+} | {"thirty": "30", "forty": "40", "fifty": "50", "sixty": "60", "ninety": "90", "hundred": "100"}
+# A clock time, else a number with thousands separators and decimals, or joined to others by
+# hyphens or slashes ("3691-4", "2006/42": one identifier, in which "4" is no count); not
+# inside a word ("SEV1", "LiFePO4") nor joined to one ("Atlas-7"): those are names.
+_NUMBER = re.compile(
+    r"(?<![A-Za-z\d.])(?<!\w-)(?:\d{1,2}:\d{2}(?![\d:])|\d+(?:,\d{3})*(?:\.\d+)?(?:[-/]\d+(?:\.\d+)?)*)"
+)
+# Section and list numbers at the start of a line ("5. Data classification") say nothing.
+_LINE_NUMBER = re.compile(r"(?m)^[ \t]*(?:\d{1,2}(?:\.\d{1,2})*[.)])+[ \t]+")
+_NUMBER_WORD = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b", re.IGNORECASE)
+_DAYS_AND_MONTHS = frozenset(
+    """monday tuesday wednesday thursday friday saturday sunday january february march april june july august
+    september october november december""".split()
+)
+_IDENTIFIER = re.compile(r"(?<![\w#@.-])(?=[\w.-]*\d)(?=[\w.-]*[A-Za-z])\w+(?:[.-]\w+)*")
+# Not identifiers: a number and its unit or suffix ("3-year", "14-inch", "20th", "1990s").
+_NUMBER_COMPOUND = re.compile(r"\d+(?:[.,]\d+)?(?:-?[a-z]+)+|\d+(?:st|nd|rd|th|s)", re.IGNORECASE)
+
+
+def _values(text: str) -> set[str]:
+    """What a claim must get exactly right: its numbers, normalised ("3,000" = "3000",
+    "2.0" = "2", "09:00" = "9:00", "seven" = "7"), identifiers with digits ("Atlas-7",
+    "SEV1", "WPA2") and names of days and months."""
+    text = _LINE_NUMBER.sub(" ", _fold(text))
+    found = set()
+    for match in _NUMBER.finditer(text):
+        token = match.group()
+        if ":" in token:
+            hours, minutes = token.split(":")
+            found.add(f"{int(hours)}:{minutes}")
+            continue
+        token = token.replace(",", "")
+        if "." in token and not re.search(r"[-/]", token):
+            token = token.rstrip("0").rstrip(".")
+        found.add(token.lstrip("0") or "0")
+    found.update(_NUMBER_WORDS[match.group().lower()] for match in _NUMBER_WORD.finditer(text))
+    found.update(
+        match.group().lower() for match in _IDENTIFIER.finditer(text) if not _NUMBER_COMPOUND.fullmatch(match.group())
+    )
+    for match in re.finditer(r"\b[A-Z][a-z]+\b", text):
+        word = match.group().lower()
+        if word in _DAYS_AND_MONTHS or word.removesuffix("s") in _DAYS_AND_MONTHS:
+            found.add(word.removesuffix("s") if word not in _DAYS_AND_MONTHS else word)
+    # "May" is a month only next to a day or a year ("10 May 2024").
+    found.update("may" for _ in re.finditer(r"\d\s+May\b|\bMay\s+\d", text))
+    return found
+
+
+def _tokens(text: str) -> set[str]:
+    """Words as written (lower-cased, possessives cut), for matching names."""
+    return {_possessive_cut(word.lower()) for word in re.findall(r"#?\w+(?:['\u2019.-]\w+)*", _fold(text))}
+
+
+def _possessive_cut(word: str) -> str:
+    return re.sub(r"['\u2019]s$", "", word)
+
+
+def _names(text: str) -> set[str]:
+    """Names: capitalised words past the first word of a sentence, words with capitals
+    inside ("TravelDesk", "LastPass"), channel names ("#finance-help"). Identifiers with
+    digits are values (``_values``), not names."""
+    names = set()
+    text = _fold(text)
+    for sentence in re.split(r"(?<=[.!?:])\s+|\n+", text):
+        for index, match in enumerate(re.finditer(r"#?\w+(?:['\u2019.-]\w+)*", sentence)):
+            word = match.group()
+            if any(c.isdigit() for c in word):
+                continue
+            lower = _possessive_cut(word.lower())
+            if lower in _DAYS_AND_MONTHS or lower.removesuffix("s") in _DAYS_AND_MONTHS:
+                continue
+            if word.startswith("#") or any(c.isupper() for c in word[1:]):
+                names.add(lower)
+            elif index > 0 and word[:1].isupper() and lower not in STOP_WORDS:
+                names.add(lower)
+    return names
+
+
+def _fold(text: str) -> str:
+    """Unicode compatibility forms folded ("ﬁ", non-breaking spaces), accents kept."""
+    return unicodedata.normalize("NFKC", text)
+
+
+def _content(text: str) -> str:
+    """``text`` without ``STOP_WORDS`` (a wider list than the configuration's): what is left
+    is what a claim says."""
+    return " ".join(w for w in _WORD.findall(_fold(text)) if w.lower() not in STOP_WORDS)
+
+
+@dataclass(frozen=True)
+class _Evidence:
+    """What a text says, as compared: its lexemes (numbers left out: they are values), names
+    and values, and its words as written (a claim's names are looked up there)."""
+
+    lexemes: frozenset[str]
+    names: frozenset[str]
+    values: frozenset[str]
+    tokens: frozenset[str]
+
+
+def _fallback_terms(text: str) -> set[str]:
+    """Without a text-search configuration: lower-cased words on their first five letters."""
+    return {word[:5] for word in re.findall(r"\w+", text.lower()) if word not in STOP_WORDS and len(word) > 1}
+
+
+def _lexemes(texts: list[str], config: str | None) -> list[set[str]]:
+    """Each text's lexemes under a text-search configuration, as keyword search analyses
+    text (``search_tsvector``), all texts in one query."""
+    if not config:
+        return [_fallback_terms(text) for text in texts]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT array(SELECT lexeme FROM unnest(search_tsvector(%s::regconfig, t))"
+            " WHERE search_bm25_lexeme(lexeme))"
+            " FROM unnest(%s::text[]) WITH ORDINALITY AS x(t, i) ORDER BY i",
+            [config, texts],
+        )
+        return [set(row[0]) for row in cursor.fetchall()]
+
+
+def _evidence(texts: list[str], content_texts: list[str], config: str | None) -> list[_Evidence]:
+    lexeme_sets = _lexemes(content_texts, config)
+    return [
+        _Evidence(
+            lexemes=frozenset(lexeme for lexeme in lexemes if not lexeme.isdigit()),
+            names=frozenset(_names(text)),
+            values=frozenset(_values(text)),
+            tokens=frozenset(_tokens(text)),
+        )
+        for text, lexemes in zip(texts, lexeme_sets, strict=True)
+    ]
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """How much of a claim a passage holds: the claim's lexemes, names and values, and how
+    many of each the passage has too."""
+
+    words: int
+    words_found: int
+    names: int
+    names_found: int
+    values: int
+    values_found: int
+
+    def coverage(self, name_weight: float = NAME_WEIGHT, value_weight: float = VALUE_WEIGHT) -> float:
+        total = self.words + name_weight * self.names + value_weight * self.values
+        if not total:
+            return 0.0
+        return (self.words_found + name_weight * self.names_found + value_weight * self.values_found) / total
+
+    def values_missing(self) -> float:
+        return (self.values - self.values_found) / self.values if self.values else 0.0
+
+    def names_missing(self) -> float:
+        return (self.names - self.names_found) / self.names if self.names else 0.0
+
+
+def _overlap(claim: _Evidence, passage: _Evidence) -> Overlap:
+    return Overlap(
+        words=len(claim.lexemes),
+        words_found=len(claim.lexemes & passage.lexemes),
+        names=len(claim.names),
+        names_found=sum(1 for name in claim.names if name in passage.tokens or name in passage.names),
+        values=len(claim.values),
+        values_found=len(claim.values & passage.values),
+    )
+
+
+def _union(evidence: Sequence[_Evidence]) -> _Evidence:
+    return _Evidence(
+        lexemes=frozenset().union(*(e.lexemes for e in evidence)),
+        names=frozenset().union(*(e.names for e in evidence)),
+        values=frozenset().union(*(e.values for e in evidence)),
+        tokens=frozenset().union(*(e.tokens for e in evidence)),
+    )
+
+
+def support_score(
+    dense: float | None,
+    overlap: Overlap,
+    *,
+    dense_weight: float = DENSE_WEIGHT,
+    name_weight: float = NAME_WEIGHT,
+    value_weight: float = VALUE_WEIGHT,
+    value_penalty: float = VALUE_PENALTY,
+    name_penalty: float = NAME_PENALTY,
+) -> float:
+    """Support of a claim by a passage, 0..1: the cosine part (when there is one) and the
+    lexical part, less the share of the claim's values (numbers) and names the passage lacks."""
+    lexical = overlap.coverage(name_weight, value_weight)
+    score = lexical if dense is None else dense_weight * max(dense, 0.0) + (1 - dense_weight) * lexical
+    score -= value_penalty * overlap.values_missing() + name_penalty * overlap.names_missing()
+    return float(min(max(score, 0.0), 1.0))
+
+
+def passage_units(text: str) -> list[str]:
+    """A passage's sentences (and lines: list items, table rows), each embedded on its own;
+    a claim is compared with the closest one."""
+    units = []
+    for line in text.splitlines():
+        line = _plain(line.strip().strip("|").replace("|", " "))
+        if not re.search(r"\w", line):
+            continue
+        cut = 0
+        for end in _SENTENCE_END.finditer(line):
+            units.append(line[cut : end.end()].strip())
+            cut = end.end()
+        units.append(line[cut:].strip())
+    return [unit for unit in units if len(_WORD.findall(unit)) >= 2] or [_plain(text)]
+
+
+@dataclass(frozen=True)
+class SupportTable:
+    """The features of each (claim, passage) pair: the best cosine between the claim and
+    the passage's sentences (``dense``, None without embeddings) and the lexical overlap."""
+
+    dense: np.ndarray | None  # claims x passages
+    overlaps: list[list[Overlap]]
+    claims: list[_Evidence]
+    passages: list[_Evidence]
+
+    def score(self, claim: int, passage: int) -> float:
+        dense = None if self.dense is None else float(self.dense[claim, passage])
+        return support_score(dense, self.overlaps[claim][passage])
+
+    def score_together(self, claim: int, passages: Sequence[int]) -> float:
+        """Support by several cited passages at once: a sentence may join facts of two."""
+        if len(passages) == 1:
+            return self.score(claim, passages[0])
+        dense = None if self.dense is None else float(self.dense[claim, list(passages)].max())
+        return support_score(dense, _overlap(self.claims[claim], _union([self.passages[p] for p in passages])))
+
+
+def support_table(
+    claims: list[str], passages: list[str], *, embedding_model: str | None, text_search_config: str | None
+) -> SupportTable:
+    """One embedding call for the claims and every passage sentence, one query for the
+    lexemes of all texts."""
+    if not claims:
+        return SupportTable(dense=None, overlaps=[], claims=[], passages=[])
+    units = [passage_units(text) for text in passages]
+    owner = np.array([index for index, group in enumerate(units) for _ in group], dtype=np.int64)
+    evidence = _evidence(claims + passages, [_content(text) for text in claims] + passages, text_search_config)
+    claim_evidence, passage_evidence = evidence[: len(claims)], evidence[len(claims) :]
+    dense = None
+    if embedding_model and claims and passages:
+        try:
+            vectors = embedder_get(embedding_model).embed_documents(claims + [u for group in units for u in group])
+        except (EmbedderError, OSError, RuntimeError, ValueError) as exc:
+            logger.warning("citations verified without embeddings (%s)", exc)
+        else:
+            vectors = np.asarray(vectors, dtype=np.float32)
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = vectors / np.where(norms == 0, 1.0, norms)
+            cosines = vectors[len(claims) :] @ vectors[: len(claims)].T  # units x claims
+            by_passage = np.full((len(passages), len(claims)), -1.0, dtype=np.float32)
+            np.maximum.at(by_passage, owner, cosines)  # each passage's best unit, per claim
+            dense = by_passage.T
+    return SupportTable(
+        dense=dense,
+        overlaps=[[_overlap(c, p) for p in passage_evidence] for c in claim_evidence],
+        claims=claim_evidence,
+        passages=passage_evidence,
+    )
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def answer_verify(
+    text: str, passages: dict[int, str], *, embedding_model: str | None, text_search_config: str | None = None
+) -> Verification:
+    """Check every sentence of ``text`` against the ``passages`` its prompt gave (numbered as
+    in the prompt) and correct its citations (see the module's docstring)."""
+    text, removed = _drop_unknown(text, set(passages))
+    sentences = _sentence_spans(text)
+    numbers = sorted(passages)
+    column = {number: index for index, number in enumerate(numbers)}
+    # The words of each passage's first line: its title as the prompt gives it.
+    titles = [_title_words(passages[number]) for number in numbers]
+
+    kinds: list[str] = []
+    claims: list[str] = []
+    claim_of: dict[int, int] = {}
+    for index, sentence in enumerate(sentences):
+        raw = text[sentence.start : sentence.end]
+        plain = _plain(_strip_markers(raw))
+        if not re.search(r"\w", plain):
+            kinds.append("listing" if sentence.markers else "not_a_claim")
+        elif _is_decline(plain):
+            kinds.append("decline")
+        elif _names_sources(plain):
+            kinds.append("listing")
+        elif _is_filler(plain) or raw.lstrip().startswith("#"):
+            kinds.append("not_a_claim")
+        elif _is_title(plain, bool(sentence.markers), sentence.lead_in, titles):
+            kinds.append("listing")
+        else:
+            kinds.append("claim")
+            claim_of[index] = len(claims)
+            # A list item under "Every employee receives:" says something only with its lead-in.
+            claims.append(f"{sentence.lead_in} {plain}".strip() if sentence.lead_in else plain)
+
+    table = support_table(
+        claims,
+        [passages[number] for number in numbers],
+        embedding_model=embedding_model,
+        text_search_config=text_search_config,
+    )
+    # No claim, nothing scored: the scorer is what would have scored one.
+    lexical_only = table.dense is None and (bool(claims) or not embedding_model)
+    threshold = LEXICAL_THRESHOLD if lexical_only else THRESHOLD
+    margin = LEXICAL_MARGIN if lexical_only else MARGIN
+
+    pieces: list[str] = []
+    checks: list[SentenceCheck] = []
+    position = 0
+    length = 0
+    for index, sentence in enumerate(sentences):
+        raw = text[sentence.start : sentence.end]
+        cited = list(dict.fromkeys(n for m in sentence.markers for n in m.numbers if n in column))
+        new, citations, support, action = raw, cited, 0.0, kinds[index]
+        if kinds[index] == "listing":
+            action = "unsupported"
+        elif kinds[index] == "claim":
+            claim = claim_of[index]
+            scores = [table.score(claim, column[number]) for number in numbers]
+            best = max(range(len(numbers)), key=lambda k: (scores[k], -k)) if numbers else None
+            if cited:
+                support = table.score_together(claim, [column[n] for n in cited])
+                others = [k for k in range(len(numbers)) if numbers[k] not in cited]
+                other = max(others, key=lambda k: (scores[k], -k)) if others else None
+                if support >= threshold:
+                    action = "kept"
+                elif other is not None and scores[other] >= threshold and scores[other] >= support + margin:
+                    action, citations, support = "reattributed", [numbers[other]], scores[other]
+                    new = _with_citation(raw, sentence.markers, numbers[other])
+                else:
+                    action = "unsupported"
+            elif best is not None and scores[best] >= threshold:
+                action, citations, support = "added", [numbers[best]], scores[best]
+                new = _with_citation(raw, [], numbers[best])
+            else:
+                action = "unsupported"
+        pieces.append(text[position : sentence.start])
+        length += sentence.start - position
+        checks.append(
+            SentenceCheck(
+                start=length,
+                end=length + len(new),
+                citations=citations,
+                support=round(float(support), 4),
+                supported=action in ("kept", "reattributed", "added"),
+                action=action,
+            )
+        )
+        pieces.append(new)
+        length += len(new)
+        position = sentence.end
+    pieces.append(text[position:])
+
+    claim_checks = [check for check in checks if check.action in CLAIM_ACTIONS]
+    real_claims = [c for c, kind in zip(checks, kinds, strict=True) if kind == "claim"]
+    supported = sum(check.supported for check in claim_checks)
+    return Verification(
+        text="".join(pieces),
+        sentences=checks,
+        grounded=supported / len(claim_checks) if claim_checks else None,
+        removed_markers=removed,
+        reattributed=sum(check.action == "reattributed" for check in checks),
+        added=sum(check.action == "added" for check in checks),
+        unsupported=sum(check.action == "unsupported" for check in checks),
+        # Declining and listing the sources consulted is still declining.
+        declined="decline" in kinds and not real_claims,
+        scorer=SCORER_LEXICAL if lexical_only else SCORER,
+    )
