@@ -319,13 +319,13 @@ def pool_register(config: PoolConfig, device_urls: list[str], *, warming: bool =
 
 
 def warm_prompt_tokens(route: Route | None, window: int) -> int:
-    """The largest prompt the route sends, roughly: its sources at their longest plus the
-    instructions and the question (~400 tokens), within the window."""
-    max_tokens = route.max_tokens if route is not None else 512
-    room = window - max_tokens - 16
-    if route is None or not route.max_source_tokens:
-        return max(16, room)
-    return max(16, min(room, route.max_sources * route.max_source_tokens + 400))
+    """The largest prompt the route sends, roughly: its sources at their longest (a whole
+    chunk is 254 embedder tokens, taken as 400 of any other tokenizer) plus the instructions
+    and the question (~400 tokens), within the window."""
+    if route is None:
+        return max(16, window - 512 - 16)
+    per_source = route.max_source_tokens or 400
+    return max(16, min(window - route.max_tokens - 16, route.max_sources * per_source + 400))
 
 
 def pool_warm(provider: Provider, *, timeout_s: float = 600.0, log: Callable[[str], None] = print) -> float:

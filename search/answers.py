@@ -56,7 +56,6 @@ from ragsite.errors import DomainError
 from ragsite.logs import request_received_at
 from ragsite.redis import redis_async_client, redis_client
 from search import abstention, prompting
-from search.extractive import LEAD as EXTRACTIVE_LEAD
 from search.extractive import extractive_answer
 from search.models import Answer, Chunk, Collection, Workspace
 from search.selectors import SearchError, chunk_search
@@ -307,11 +306,8 @@ def _answer_extractive(answer: Answer, sources, collection: Collection | None, s
         sources,
         embedding_model=collection.embedding_model if collection else None,
         text_search_config=collection.text_search_config if collection else None,
+        lead=f"Extracted from the sources ({why}):",  # its first line says why no model wrote it
     )
-    if extractive.text.startswith(EXTRACTIVE_LEAD):  # its first line says why no model wrote it
-        extractive = replace(
-            extractive, text=f"Extracted from the sources ({why}):" + extractive.text[len(EXTRACTIVE_LEAD) :]
-        )
     answer.timings["prompt_ms"] = _ms_since(extract_started)
     if extractive.abstained:
         return _answer_abstained(
@@ -349,11 +345,7 @@ def _answer_abstained(answer: Answer, sources, closest: list[dict], started: flo
     """The sources do not answer the question: one plain sentence and the closest passages,
     stored ``done`` and ``abstained`` without any generation."""
     by_number = {source.number: source for source in sources}
-    if not text:
-        lines = [abstention.NOT_ANSWERED]
-        if closest:
-            lines += ["", "Closest passages:"] + [f"- {c['title']} [{c['number']}]" for c in closest]
-        text = "\n".join(lines)
+    text = text or abstention.declined_text(closest)
     answer.mode, answer.status, answer.abstained = mode, Answer.Status.DONE, True
     answer.sources = [source.as_record() for source in sources]
     answer.text = text
@@ -556,10 +548,7 @@ def _verify(answer: Answer) -> None:
             {key: record.get(key) for key in ("number", "chunk_id", "document_id", "title", "score")}
             for record in closest
         ]
-        lines = [abstention.NOT_ANSWERED, "", "Closest passages:"] + [
-            f"- {c['title']} [{c['number']}]" for c in closest
-        ]
-        answer.text, answer.abstained, answer.grounded = "\n".join(lines), True, None
+        answer.text, answer.abstained, answer.grounded = abstention.declined_text(closest), True, None
         answer.verification["sentences"] = []
         answer.stats["closest"] = closest
 

@@ -1,51 +1,76 @@
-"""The answer without a generation model: the sentences of the top chunks that best match the question.
+"""The answer without a generation model: the sentences of the sources that answer the question.
 
-Used when no generation route is configured (``inference.errors.NoRouteConfigured``), so
-that a fresh install with only the embedded stack still answers. The text quotes the
-sources verbatim, one sentence per line, each followed by its source's ``[n]``, under a
-line saying that it is extracted, not generated.
+Used when no generation model serves, so that a fresh install with only the embedded stack still
+answers. The text quotes whole sentences of the sources (``search.abstention.sentence_units``:
+never a heading, no bullets, a table row with its column names), one a line, each followed by
+its source's ``[n]``, under a line saying that it is extracted, not generated.
 
-Scoring a sentence (higher is better):
+Sentences are ranked by ``search.abstention.sentences_score`` (``Against.ranking``), less 0.02
+per rank of their source so that ties go to the better chunk. Which are quoted depends on the
+question, not on a count (``max_sentences`` at most):
 
-- cosine similarity of the sentence to the question with the collection's own embedding
-  model (the model that ranked the chunks; the question's vector is cached in Redis);
-- plus half the share of the question's words that the sentence contains, compared as
-  PostgreSQL lexemes of the collection's text-search configuration (its stemmer and stop
-  words: the same normalisation as keyword search); without a configuration, lower-cased
-  words on their first five letters, stop words left out;
-- minus 0.02 per rank of the sentence's source, so ties go to the better chunk.
+- for a question in parts ("What is X, and how long is Y?"), the best sentence for each part,
+  scored against that part alone, in the order of the parts;
+- else the best sentence, then others, best first, only while they hold question terms that no
+  quoted sentence (nor its heading) holds yet, score within ``CLOSE_TO_BEST`` of the best and
+  would pass for an answer alone;
+- with either, the next sentence under the same heading when it scores within ``SIBLING_CLOSE``.
 
-When the embedder cannot run (a remote embedding API that is down), words alone decide.
-Sentences repeated across overlapping chunks are quoted once.
+When ``search.abstention`` finds that the sources do not answer the question, nothing is quoted:
+the answer says so (``NOT_ANSWERED``) and lists the closest passages by title and ``[n]``.
+docs/answers.md, "Extractive answers and abstention", has the reasons and the figures.
 """
 
 from __future__ import annotations
 
-import logging
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from search.embedders import EmbedderError, embedder_get, query_embedding
+from search.abstention import (
+    ABSTAIN_BELOW,
+    ABSTAIN_BELOW_LEXICAL,
+    CLOSEST_LEAD,
+    NOT_ANSWERED,
+    Against,
+    Scored,
+    declined_text,
+    question_parts,
+    relevance_of,
+    sentence_units,
+    sentences_of,
+    sentences_score,
+)
 from search.prompting import Source
 
-logger = logging.getLogger(__name__)
+__all__ = [
+    "CLOSEST_LEAD",
+    "LEAD",
+    "NOTHING_FOUND",
+    "NOT_ANSWERED",
+    "Extract",
+    "ExtractiveAnswer",
+    "extractive_answer",
+    "question_parts",
+    "sentence_units",
+    "sentences_of",
+]
 
 MAX_SENTENCES = 3
-MIN_SENTENCE_CHARS = 12
-MAX_SENTENCE_CHARS = 600
+RANK_PENALTY = 0.02
+CLOSE_TO_BEST = 0.1
+# A sentence under the same heading as the best one, scoring this close to it, is quoted too:
+# an FAQ's answer is often two sentences ("10 hours of typical operation", "7.5 hours under
+# heavy load").
+SIBLING_CLOSE = 0.05
+# A part of a question that the sources answer less well than the whole question still gets
+# its best sentence down to this far below the abstention threshold: its words are fewer, so
+# its sentences score lower ("What should I do if I lose my YubiKey" against "Lost or stolen
+# security keys must be reported ...").
+PART_MARGIN = 0.3
 LEAD = "Extracted from the sources (no generation model is configured):"
 NOTHING_FOUND = "The searched collections hold no passage that matches the question."
-
-_SENTENCE_END = re.compile(r"(?<=[.!?\u2026\u3002\uff01\uff1f])\s+|\n+")
-_WORD = re.compile(r"\w+")
-STOP_WORDS = frozenset(
-    """a an and are as at be by can could did do does for from had has have how i if in into is it its
-    me my no not of on or our shall should so than that the their them then there these they this those
-    to was we were what when where which who whom why will with would you your""".split()
-)
 
 
 @dataclass(frozen=True)
@@ -59,49 +84,10 @@ class Extract:
 class ExtractiveAnswer:
     text: str
     extracts: list[Extract]
-
-
-def sentences_of(text: str) -> list[str]:
-    """The sentences of a chunk, verbatim; Markdown headings and fragments too short to
-    say anything are skipped."""
-    sentences = []
-    for part in _SENTENCE_END.split(text):
-        sentence = part.strip()
-        if sentence.startswith("#") or len(sentence) < MIN_SENTENCE_CHARS or len(_WORD.findall(sentence)) < 3:
-            continue
-        sentences.append(sentence)
-    return sentences
-
-
-def _terms(text: str) -> set[str]:
-    return {word[:5] for word in _WORD.findall(text.lower()) if word not in STOP_WORDS and len(word) > 1}
-
-
-def _lexemes(texts: list[str], config: str | None) -> list[set[str]]:
-    """Each text's lexemes under a text-search configuration (one query for all)."""
-    if not config:
-        return [_terms(text) for text in texts]
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT array(SELECT lexeme FROM unnest(search_tsvector(%s::regconfig, t))"
-            " WHERE search_bm25_lexeme(lexeme))"
-            " FROM unnest(%s::text[]) WITH ORDINALITY AS x(t, i) ORDER BY i",
-            [config, texts],
-        )
-        return [set(row[0]) for row in cursor.fetchall()]
-
-
-def _dense_scores(question: str, sentences: list[str], embedding_model: str) -> np.ndarray | None:
-    try:
-        query = query_embedding(embedding_model, question)
-        vectors = np.asarray(embedder_get(embedding_model).embed_documents(sentences), dtype=np.float32)
-    except (EmbedderError, OSError, RuntimeError, ValueError) as exc:
-        logger.warning("extractive answer without embeddings (%s)", exc)
-        return None
-    norms = np.linalg.norm(vectors, axis=1) * (np.linalg.norm(query) or 1.0)
-    return (vectors @ query) / np.where(norms == 0, 1.0, norms)
+    abstained: bool = False
+    # The nearest passages, best first: {number, chunk_id, document_id, title, score}.
+    closest: list[dict] = field(default_factory=list)
+    relevance: float | None = None  # search.abstention's score of the sources (None: no source)
 
 
 def extractive_answer(
@@ -111,26 +97,76 @@ def extractive_answer(
     embedding_model: str | None,
     text_search_config: str | None = None,
     max_sentences: int = MAX_SENTENCES,
+    lead: str = LEAD,
 ) -> ExtractiveAnswer:
-    candidates: list[tuple[int, str]] = []
-    seen: set[str] = set()
-    for source in sources:
-        for sentence in sentences_of(source.text):
-            key = " ".join(sentence.lower().split())
-            if key in seen or len(sentence) > MAX_SENTENCE_CHARS:
-                continue
-            seen.add(key)
-            candidates.append((source.number, sentence))
-    if not candidates:
-        return ExtractiveAnswer(text=NOTHING_FOUND, extracts=[])
+    """The sentences of ``sources`` that answer ``question``, under ``lead``; or, when the
+    sources do not answer it, ``NOT_ANSWERED`` and the closest passages (``abstained``)."""
+    scored = sentences_score(question, sources, embedding_model=embedding_model, text_search_config=text_search_config)
+    if not scored.units:
+        return ExtractiveAnswer(text=NOTHING_FOUND, extracts=[], abstained=True)
+    relevance = relevance_of(scored)
+    if relevance.abstain:
+        return ExtractiveAnswer(
+            text=declined_text(relevance.closest),
+            extracts=[],
+            abstained=True,
+            closest=relevance.closest,
+            relevance=relevance.score,
+        )
+    threshold = ABSTAIN_BELOW_LEXICAL if relevance.lexical_only else ABSTAIN_BELOW
+    ranks = np.array([unit.number - 1 for unit in scored.units], dtype=np.float64)
+    chosen = _choose(scored, ranks, threshold, max(max_sentences, 1))
+    scores = scored.whole.ranking - RANK_PENALTY * ranks
+    extracts = [Extract(scored.units[i].number, scored.units[i].sentence, round(float(scores[i]), 4)) for i in chosen]
+    return ExtractiveAnswer(
+        text="\n".join([lead, "", *(f"- {extract.sentence} [{extract.number}]" for extract in extracts)]),
+        extracts=extracts,
+        abstained=False,
+        closest=relevance.closest,
+        relevance=relevance.score,
+    )
 
-    texts = [sentence for _, sentence in candidates]
-    question_terms, *sentence_terms = _lexemes([question, *texts], text_search_config)
-    lexical = np.array([len(question_terms & terms) / max(len(question_terms), 1) for terms in sentence_terms])
-    dense = _dense_scores(question, texts, embedding_model) if embedding_model else None
-    ranks = np.array([number for number, _ in candidates], dtype=np.float64)
-    scores = (dense if dense is not None else 0.0) + 0.5 * lexical - 0.02 * ranks
-    order = sorted(range(len(candidates)), key=lambda i: (-scores[i], i))[:max_sentences]
-    extracts = [Extract(candidates[i][0], candidates[i][1], round(float(scores[i]), 4)) for i in order]
-    lines = [LEAD, ""] + [f"- {extract.sentence} [{extract.number}]" for extract in extracts]
-    return ExtractiveAnswer(text="\n".join(lines), extracts=extracts)
+
+def _choose(scored: Scored, ranks: np.ndarray, threshold: float, limit: int) -> list[int]:
+    """The units to quote, in the order they are quoted."""
+    if scored.parts:
+        # Each part on its own: the best sentence for the whole question often answers one
+        # part only ("payload" outweighs "battery"). A part the sources do not answer gets
+        # nothing rather than its nearest miss.
+        chosen: list[int] = []
+        for part in scored.parts:
+            if part.best < threshold - PART_MARGIN:
+                continue
+            for index in _best_with_siblings(scored, part, ranks):
+                if index not in chosen and len(chosen) < limit:
+                    chosen.append(index)
+        if chosen:
+            return chosen
+    whole = scored.whole
+    scores = whole.ranking - RANK_PENALTY * ranks
+    chosen = _best_with_siblings(scored, whole, ranks)[:limit]
+    covered = set().union(*(whole.held[i] | whole.context_held[i] for i in chosen))
+    for index in sorted(range(len(scores)), key=lambda i: (-scores[i], i)):
+        if len(chosen) >= limit or scores[index] < scores[chosen[0]] - CLOSE_TO_BEST:
+            break
+        # Another sentence only for what the quoted ones leave out, not to say it again, and
+        # only one that would pass for an answer by itself.
+        if index not in chosen and whole.held[index] - covered and whole.relevance[index] >= threshold:
+            chosen.append(index)
+            covered |= whole.held[index] | whole.context_held[index]
+    return chosen
+
+
+def _best_with_siblings(scored: Scored, against: Against, ranks: np.ndarray) -> list[int]:
+    """The best unit for a question, and the next one if it stands under the same heading and
+    scores nearly as well; in the sources' order."""
+    scores = against.ranking - RANK_PENALTY * ranks
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    best = order[0]
+    chosen = [best]
+    if len(order) > 1:
+        second, first = scored.units[order[1]], scored.units[best]
+        same_heading = second.number == first.number and second.context and second.context == first.context
+        if same_heading and scores[order[1]] >= scores[best] - SIBLING_CLOSE:
+            chosen = sorted([best, order[1]])
+    return chosen

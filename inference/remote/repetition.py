@@ -14,7 +14,9 @@ is the shortest string whose repetition the tail is, found by its periodicity):
 - ``blank``: blank lines over ``blank_run_chars`` characters (a model that emits newlines
   until ``max_tokens``);
 - ``short``: any other unit over ``short_run_chars`` characters (``ha ha ha ...``,
-  ``-----...``, ``[1][1][1]...``).
+  ``-----...``, ``[1][1][1]...``);
+- ``counted``: ``counted_repeats`` lines in a row that are the same but for their numbers
+  (a model counting on: ``7. Minimum length: 40``, ``8. Minimum length: 48``, ...).
 
 Legitimate text rarely repeats itself exactly and consecutively: the items of a numbered
 list differ by their numbers and content, table rows by their cells, a quoted sentence
@@ -57,6 +59,12 @@ class Thresholds:
     short_run_chars: int = 200  # ~50 tokens: above separators (80 '=') and wide table rules
     max_period_chars: int = 400  # longer units are not looked for
     check_every_chars: int = 16  # detection lags the loop by at most this (plus one delta)
+    # ``counted``: lines that are the same but for their numbers ("7. Minimum password length: 40
+    # characters." then 8., 9., ...), this many in a row: a list item may share its wording with the
+    # next two, a model that counts on has lost its way.
+    counted_repeats: int = 4
+    counted_words: int = 2
+    counted_chars: int = 8
 
 
 THRESHOLDS = Thresholds()
@@ -68,6 +76,7 @@ MAX_CANDIDATES = 64
 # Characters that may end the kept copy (besides whitespace).
 _CLOSING = frozenset(".!?,;:)]}")
 _WORD = re.compile(r"\w+")
+_DIGITS = re.compile(r"\d+")
 
 
 @dataclass(frozen=True)
@@ -134,12 +143,44 @@ class RepetitionGuard:
         for _ in range(MAX_CANDIDATES):
             at = tail.rfind(needle, low, end)
             if at < 0:
-                return None
+                break
             end = at + NEEDLE - 1  # the next one starts before this one
             found = self._loop_of_period(tail, n - NEEDLE - at)
             if found is not None:
                 return found
-        return None
+        return self._counted_lines(tail)
+
+    def _counted_lines(self, tail: str) -> Repetition | None:
+        """The ``counted`` rule: the last complete lines the same once their numbers are
+        masked, ``counted_repeats`` of them in a row; the first of them is kept."""
+        t = self.thresholds
+        ends = [m.start() for m in re.finditer("\n", tail)]
+        if len(ends) < t.counted_repeats:
+            return None
+        starts = [0, *(end + 1 for end in ends[:-1])]
+        lines = [(start, end) for start, end in zip(starts, ends, strict=True) if tail[start:end].strip()]
+        if len(lines) < t.counted_repeats:
+            return None
+        masked = [_DIGITS.sub("#", tail[start:end]).strip() for start, end in lines]
+        last = masked[-1]
+        if len(_WORD.findall(_DIGITS.sub("", last))) < t.counted_words or len("".join(last.split())) < t.counted_chars:
+            return None
+        if last.startswith("|") or _DIGITS.search(tail[lines[-1][0] : lines[-1][1]]) is None:
+            return None  # table rows may repeat; lines without numbers are the exact rules' to judge
+        same = 0
+        while same < len(masked) and masked[-1 - same] == last:
+            same += 1
+        if same < t.counted_repeats:
+            return None
+        first_start, first_end = lines[-same]
+        return Repetition(
+            cut_at_char=self._offset + first_end,
+            start_char=self._offset + first_start,
+            period=first_end + 1 - first_start,
+            repeats=same,
+            rule="counted",
+            chars_seen=self._offset + len(tail),
+        )
 
     def _loop_of_period(self, tail: str, period: int) -> Repetition | None:
         """The loop when the tail repeats its last ``period`` characters enough for a rule."""

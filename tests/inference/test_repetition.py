@@ -153,6 +153,20 @@ def test_a_unit_longer_than_the_longest_period_looked_for_is_not_found():
     assert loop_of(long * 4) is None
 
 
+def test_lines_the_same_but_for_their_numbers_four_in_a_row_are_a_counted_loop():
+    # What the demo model wrote for "What is the minimum password length?" until max_tokens.
+    intro = "The minimum password length is 14 characters [1].\n"
+    counting = "".join(f"{n}. Minimum password length: {8 + 4 * n} characters.\n" for n in range(1, 9))
+    found = loop_of(intro + counting)
+    assert (found.rule, found.start_char, found.repeats) == ("counted", len(intro), 4)
+    assert (intro + counting)[: found.cut_at_char] == intro + "1. Minimum password length: 12 characters."
+    # Short lines too ("2. On-call: 1", ...), once four of them are complete (and the next
+    # check, every 16 characters, has come).
+    short = "Here:\n" + "".join(f"{n}. On-call: 1\n" for n in range(1, 5)) + "5. On-call: 1"
+    assert loop_of(short).rule == "counted"
+    assert loop_of("Here:\n" + "".join(f"{n}. On-call: 1\n" for n in range(1, 4)) + "4. On-call") is None
+
+
 # --------------------------------------------------------------------------- legitimate texts
 
 RAG_ANSWER = """\

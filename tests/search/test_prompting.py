@@ -332,9 +332,10 @@ def test_text_is_split_at_sentences_then_words_then_characters():
 # --------------------------------------------------------------------------- extractive
 
 
-def test_sentences_skip_headings_and_fragments():
+def test_sentences_skip_headings_fragments_and_questions():
+    # A question in a source is a FAQ's heading (HTML headings come through as lines), not an answer.
     text = "# Atlas-7 robot\n\nThe robot runs for 10 hours. Charging takes 90 minutes! Ok.\nIt carries 300 kg?"
-    assert sentences_of(text) == ["The robot runs for 10 hours.", "Charging takes 90 minutes!", "It carries 300 kg?"]
+    assert sentences_of(text) == ["The robot runs for 10 hours.", "Charging takes 90 minutes!"]
 
 
 def test_an_extractive_answer_quotes_the_best_sentences_with_their_numbers():
@@ -343,9 +344,8 @@ def test_an_extractive_answer_quotes_the_best_sentences_with_their_numbers():
         Source(2, 12, 2, "Travel", "Receipts are due within 30 days. Charging a card needs approval.", 0, 64, 0.5),
     ]
     answer = extractive_answer("How long does charging take?", sources, embedding_model=None, max_sentences=2)
-    assert answer.text == f"{LEAD}\n\n- Charging takes 90 minutes. [1]\n- Charging a card needs approval. [2]"
-    assert [(e.number, e.sentence) for e in answer.extracts] == [
-        (1, "Charging takes 90 minutes."),
-        (2, "Charging a card needs approval."),
-    ]
+    # The second sentence of source 2 holds no question term that the first did not: not quoted
+    # just to fill the count.
+    assert answer.text == f"{LEAD}\n\n- Charging takes 90 minutes. [1]"
+    assert [(e.number, e.sentence) for e in answer.extracts] == [(1, "Charging takes 90 minutes.")]
     assert extractive_answer("anything", [], embedding_model=None).text == NOTHING_FOUND

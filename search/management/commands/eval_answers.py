@@ -106,7 +106,8 @@ def judge(item: dict, answer: Answer, files_by_document: dict[int, str]) -> dict
     for name, text, abstained in (("", answer.text, answer.abstained), ("unverified_", original, False)):
         if answerable:
             correct = answer.status == Answer.Status.DONE and all(p.search(text) for p in item["patterns"])
-            right_source = set(item["sources"]) <= cited_files(text)
+            # An answer that declined cites no source for the answer: its list of closest passages is not one.
+            right_source = not abstained and set(item["sources"]) <= cited_files(text)
         else:
             # Unverified, a decline is only what the model itself wrote.
             correct = abstained or bool(answer.verification.get("declined") and not name)
@@ -182,7 +183,10 @@ class Command(DatabaseCommand):
                 workspace=workspace, question=item["question"], collections=collections, route_name=options["route"]
             )
             answer = self._wait(answer, options["timeout"])
-            models.add(answer.route.provider.model if answer.route_id and answer.mode == "generated" else "extractive")
+            if answer.mode == Answer.Mode.EXTRACTIVE:
+                models.add("extractive")
+            elif answer.route_id:  # one that abstained before any generation has no route
+                models.add(answer.route.provider.model)
             verdict = judge(item, answer, files)
             verdicts.append(verdict)
             flags = " ".join(

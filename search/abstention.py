@@ -1,0 +1,880 @@
+"""Whether the retrieved sources answer a question at all, decided before any answer is written.
+
+Shared by the extractive answer (``search.extractive``) and the generated one: both call
+``relevance`` (or score once with ``sentences_score`` and read ``relevance_of``) and decline
+with ``NOT_ANSWERED`` when it says ``abstain``.
+
+A source's retrieval score cannot decide this: hybrid search fuses ranks (RRF), so the best
+hit of a question the collection cannot answer scores as well as that of one it can. The
+sources are read instead, sentence by sentence (``sentence_units``: whole sentences, list
+items, table rows with their column names; headings and questions are never sentences, only
+context), and each sentence is scored against the question:
+
+- the cosine of the sentence to the question with the collection's embedding model;
+- plus ``COVERAGE_WEIGHT`` x the share of the question's content terms (at most
+  ``COVERAGE_TERMS`` of them) that the sentence holds, or its heading or list lead-in at
+  ``CONTEXT_WEIGHT``: PostgreSQL lexemes under the collection's text-search configuration
+  (keyword search's stemmer), question words left out, numbers compared as numbers (3,000
+  euros falls within "€2,500.01 - €10,000");
+- less ``ANSWER_KIND_PENALTY`` when the question's words say what it asks for and the
+  sentence cannot be it ("How much does X cost?" and no amount of money; ``answer_kind``).
+
+The relevance of the sources is their best sentence's score, for the whole question or for any
+of its parts ("What is X, and how long is Y?"); below ``ABSTAIN_BELOW`` the question is
+declined. Without embeddings (the embedder cannot run) the coverage alone decides, against
+``ABSTAIN_BELOW_LEXICAL``. The calibration and what it costs: docs/answers.md, "Extractive
+answers and abstention".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from django.core.cache import cache
+from django.db import DatabaseError
+
+from search.embedders import EmbedderError, embedder_get, query_embedding
+from search.models import Chunk
+from search.prompting import Source
+
+logger = logging.getLogger(__name__)
+
+NOT_ANSWERED = "The sources found do not answer this question."
+CLOSEST_LEAD = "Closest passages:"
+
+COVERAGE_WEIGHT = 0.5
+CONTEXT_WEIGHT = 0.5  # a term found only in the sentence's heading or list lead-in counts half
+# Coverage is the share of at most this many of the question's terms: a sentence that holds 5
+# terms of a 12-term query (Cranfield's) covers it as well as a 5-term question.
+COVERAGE_TERMS = 5
+# Taken from a sentence that cannot answer what the question asks for (no amount of money
+# for "How much does X cost?", no quantity for "How many ...?").
+ANSWER_KIND_PENALTY = 0.3
+# Calibrated on the demo QA set and Cranfield (docs/answers.md, "Extractive answers and
+# abstention"): the threshold sits between the answerable demo questions and the
+# unanswerable ones, near-misses and questions asked of the other collection.
+ABSTAIN_BELOW = 0.76
+ABSTAIN_BELOW_LEXICAL = 0.45  # coverage alone, when the embedder cannot run
+CLOSEST = 3
+# Only in choosing which sentence to quote (``Against.ranking``), not in deciding to abstain.
+PASSAGE_WEIGHT = 0.3
+LABEL_BONUS = 0.1
+SENTENCE_CACHE_SECONDS = 24 * 3600
+
+MIN_SENTENCE_CHARS = 12
+MIN_SENTENCE_WORDS = 3
+MAX_SENTENCE_CHARS = 600
+HEADING_MAX_WORDS = 12
+
+# Words that say what kind of answer is wanted, not what it is about: left out of the
+# question's terms (PostgreSQL's search_english keeps all but 33 stop words).
+QUESTION_STOP_WORDS = frozenset(
+    """a about an and any are as at be been being but by can could did do does doing done for from get gets
+    got had has have having he her his how i if in into is it its me much many long soon often my no not
+    of on or our ours please she shall should so some tell than that the their them then there these they
+    this those to us was we were what whats when where which while who whom whose why will with would
+    you your yours may might must need needs""".split()
+)
+
+_WORD = re.compile(r"\w+")
+_BULLET = re.compile(r"^(?:[-*+\u2022\u2023\u25e6\u25aa\u2013\u2014]\s+)+")
+_NUMBERED = re.compile(r"^\d{1,3}[.)]\s+")
+_SECTION_NUMBER = re.compile(r"^\d{1,3}(?:\.\d{1,3})*\.?\s+")
+_ATX_HEADING = re.compile(r"^#{1,6}\s")
+_TERMINAL = ".!?\u2026\u3002\uff01\uff1f"
+_SENTENCE_SPLIT = re.compile(r"(?<=[.!?\u2026\u3002\uff01\uff1f])[\"'\u201d\u2019)\]]?\s+")
+_LABEL = re.compile(r"^([^\W\d][^:;.!?]{0,40}?):\s")
+_ABBREVIATIONS = frozenset(
+    "dr mr mrs ms prof st no nr vs etc e.g i.e eg ie approx cf fig inc ltd co corp jr sr dept ca".split()
+)
+# Numbers: 5,000 / 2,500.01 / 7.5 / 10; not the digits of a name (Atlas-7, SEV1, 1Password).
+_NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+_NUMBER_RE = re.compile(
+    rf"(?<![\w\-.,])(?P<cur>[€$£])?\s?(?P<n>{_NUMBER})(?![\w\-])(?:\s?(?P<unit>%|euros?\b|eur\b|chf\b))?", re.I
+)
+_CURRENCY_BEFORE = re.compile(r"(?:eur|chf|usd)\s?$", re.I)
+_RANGE_RE = re.compile(
+    rf"(?P<a>{_NUMBER})(?!\d)\s?(?:%|euros?)?\s?(?:\u2013|\u2014|-|to)\s?(?:[€$£]|eur\s|chf\s)?\s?(?P<b>{_NUMBER})",
+    re.I,
+)
+_AT_MOST_RE = re.compile(rf"\b(?:up to|at most|max(?:imum)?)\s(?:[€$£]|eur\s|chf\s)?\s?(?P<n>{_NUMBER})", re.I)
+_ABOVE_RE = re.compile(rf"\b(?:above|over|more than|exceeding|beyond)\s(?:[€$£]|eur\s|chf\s)?\s?(?P<n>{_NUMBER})", re.I)
+_BELOW_RE = re.compile(rf"\b(?:below|under|less than)\s(?:[€$£]|eur\s|chf\s)?\s?(?P<n>{_NUMBER})", re.I)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A quotable sentence of a source: its text as quoted, and what stands above it."""
+
+    number: int  # the source's [n]
+    sentence: str
+    context: str = ""  # the heading or list lead-in above it, for scoring only
+
+    @property
+    def label(self) -> str:
+        """What a "Label: value" sentence names ("Core hours: 09:00 - 13:00 UTC"), else ""."""
+        match = _LABEL.match(self.sentence)
+        return match.group(1) if match else ""
+
+
+@dataclass(frozen=True)
+class Number:
+    value: float
+    currency: bool
+
+
+@dataclass(frozen=True)
+class Against:
+    """The units of the sources scored against one question (or one part of it)."""
+
+    question: str
+    terms: frozenset[str]  # its content lexemes
+    numbers: tuple[Number, ...]
+    kind: AnswerKind | None  # what it asks for (``answer_kind``)
+    held: list[frozenset[str]]  # per unit: its terms (a number as "#i") the sentence holds
+    context_held: list[frozenset[str]]  # ... that only the unit's heading or lead-in holds
+    dense: np.ndarray | None  # per unit: cosine to the question (None without embeddings)
+    relevance: np.ndarray  # per unit: dense + COVERAGE_WEIGHT * coverage, less ANSWER_KIND_PENALTY
+    ranking: np.ndarray  # per unit: which to quote (see ``_against``)
+
+    @property
+    def best(self) -> float:
+        return float(self.relevance.max()) if len(self.relevance) else -1.0
+
+
+@dataclass
+class Scored:
+    """Every quotable unit of the sources, scored against the question and its parts."""
+
+    units: list[Unit]
+    lexemes: list[frozenset[str]]  # each unit's lexemes
+    context_lexemes: list[frozenset[str]]  # ... its context's
+    label_lexemes: list[frozenset[str]]  # ... and its label's
+    vectors: np.ndarray | None  # each unit's embedding, None without embeddings
+    passage_vectors: np.ndarray | None  # each unit's chunk's embedding (stored), None where unknown
+    embedding_model: str | None
+    text_search_config: str | None
+    sources: Sequence[Source]
+    whole: Against | None = None
+    parts: list[Against] = field(default_factory=list)  # for a question in parts, each part
+
+    @property
+    def lexical_only(self) -> bool:
+        return self.vectors is None
+
+    @property
+    def best(self) -> float:
+        """The relevance of the sources: their best sentence for the question or for any of
+        its parts (a question in two parts is answered part by part)."""
+        return max([self.whole.best, *(part.best for part in self.parts)]) if self.whole else -1.0
+
+
+@dataclass(frozen=True)
+class Relevance:
+    score: float  # the best sentence's relevance (-1 when the sources hold no sentence)
+    closest: list[dict]  # the nearest sources: {number, chunk_id, document_id, title, score}
+    abstain: bool
+    lexical_only: bool = False  # decided without embeddings
+
+
+# Where a question asks a second thing: ", and how ...", "; what ...", "? When ...".
+_PART_SPLIT = re.compile(
+    r"\?\s+|;\s+|,?\s+(?:and|also|plus)\s+(?=(?:what|how|who|whom|whose|when|where|which|why|is|are|was|were|"
+    r"do|does|did|can|could|must|should|will|would|may|has|have)\b)",
+    re.IGNORECASE,
+)
+
+
+def question_parts(question: str) -> list[str]:
+    """The things a question asks, in order ("What is X, and how long is Y?": two); one part
+    for a simple question."""
+    parts = [part.strip(" ,.?") for part in _PART_SPLIT.split(question)]
+    parts = [part for part in parts if len(_WORD.findall(part)) >= 2]
+    return parts if len(parts) > 1 else [question]
+
+
+# --------------------------------------------------------------------------- sentences
+
+
+def sentences_of(text: str) -> list[str]:
+    """The quotable sentences of a chunk, in order (see ``sentence_units``)."""
+    return [unit.sentence for unit in sentence_units(text)]
+
+
+def sentence_units(text: str, number: int = 0) -> list[Unit]:
+    """A chunk's text as quotable units, in order.
+
+    What parsers leave of a document's structure is lines: Markdown and HTML headings stand
+    alone on theirs (markers dropped: "2. Rotation", "How long does the battery last?"),
+    list items keep their bullets in Markdown and text ("- ", "1. ") and lose them in HTML,
+    table rows keep their pipes. So, paragraph by paragraph:
+
+    - a heading (a line without final punctuation that reads as a title, all capitals, or a
+      question) is never quoted; it becomes the context of the sentences under it;
+    - a line is split into sentences (not at "Dr." or "e.g."), each quoted whole;
+    - a sentence ending with ":" introduces a list: items that are sentences of their own
+      are quoted alone, and items that are only phrases ("Germany", "Slack") are quoted
+      together after it, joined by "; ", since one of them alone says nothing;
+    - a table row is quoted with its column names ("Claim total: ...; Approver: ..."),
+      its header row never;
+    - bullets are dropped; a line that starts in lower case continues the line before (PDF
+      text wraps at the page's width).
+    """
+    reader = _Reader(number)
+    for block in re.split(r"\n\s*\n", text):
+        reader.block(_joined_lines(block))
+    return reader.units
+
+
+class _Reader:
+    """The state of ``sentence_units`` across a chunk's paragraphs."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.units: list[Unit] = []
+        self.heading = ""
+        self.lead = ""  # a sentence ending with ":", waiting for its list
+        self.items: list[str] = []  # list items that are phrases, waiting to be joined
+
+    def emit(self, text: str, context: str, *, split: bool = False) -> None:
+        self.units.extend(_units_of(text, self.number, context, split=split))
+
+    def flush(self) -> None:
+        if self.items:
+            joined = "; ".join(self.items)
+            if self.lead:
+                self.emit(f"{self.lead} {joined}", self.heading)
+            elif len(self.items) > 1 or not _is_heading(joined):
+                self.emit(joined, self.heading)
+            self.items.clear()
+
+    def block(self, lines: list[str]) -> None:
+        header: list[str] | None = None
+        in_table = False
+        for raw in lines:
+            if _is_table_row(raw):
+                self.flush()
+                cells = [cell.strip() for cell in raw.strip().strip("|").split("|")]
+                if not in_table:
+                    in_table = True
+                    if _is_header_row(cells):
+                        header = cells
+                        continue
+                self.emit(_row_sentence(cells, header), _context(self.heading, self.lead))
+                continue
+            if in_table:
+                in_table, header, self.lead = False, None, ""
+            self.line(raw)
+        self.flush()
+        if in_table:
+            self.lead = ""
+        # Otherwise a lead-in survives the blank line: HTML puts a list after its own paragraph.
+
+    def line(self, raw: str) -> None:
+        symbol = bool(_BULLET.match(raw))
+        line = (_BULLET.sub("", raw) if symbol else raw).strip()
+        if not line:
+            return
+        if _is_strong_heading(line) or (not symbol and not self.lead and _is_heading(line)):
+            self.flush()
+            self.heading, self.lead = _heading_text(line), ""
+            return
+        numbered = bool(_NUMBERED.match(line))
+        if numbered:
+            line = _NUMBERED.sub("", line, count=1).strip()
+        # A list goes on while lines are bulleted, or are phrases under a lead-in (HTML's
+        # items lose their bullets); a sentence without a bullet ends it.
+        if (symbol or numbered or (self.lead and not _ends_sentence(line))) and not line.endswith(":"):
+            if _ends_sentence(line):  # an item that is a sentence of its own
+                self.flush()
+                self.emit(line, _context(self.heading, self.lead), split=True)
+            else:
+                self.items.append(line)
+            return
+        self.flush()
+        sentences = _split_sentences(line)
+        self.lead = sentences.pop() if sentences and sentences[-1].endswith(":") else ""
+        for sentence in sentences:
+            self.emit(sentence, self.heading)
+
+
+def _joined_lines(block: str) -> list[str]:
+    lines: list[str] = []
+    for raw in block.split("\n"):
+        line = raw.strip()
+        if not line:
+            continue
+        previous = lines[-1] if lines else ""
+        if (
+            previous
+            and not _is_table_row(previous)
+            and not _is_table_row(line)
+            and not (_BULLET.match(line) or _NUMBERED.match(line))
+            and previous[-1] not in _TERMINAL + ":"
+            and (line[0].islower() or previous[-1] in ",;(\u2013\u2014-")
+        ):
+            lines[-1] = f"{previous} {line}"
+        else:
+            lines.append(line)
+    return lines
+
+
+def _is_table_row(line: str) -> bool:
+    stripped = line.strip()
+    return stripped.startswith("|") and stripped.count("|") >= 2
+
+
+def _is_header_row(cells: list[str]) -> bool:
+    return all(len(cell.split()) <= 5 and not re.search(r"\d", cell) for cell in cells if cell)
+
+
+def _row_sentence(cells: list[str], header: list[str] | None) -> str:
+    if header and len(header) == len(cells):
+        return "; ".join(f"{name}: {cell}" if name else cell for name, cell in zip(header, cells, strict=True) if cell)
+    return "; ".join(cell for cell in cells if cell)
+
+
+def _ends_sentence(line: str) -> bool:
+    return line.rstrip("\"'\u201d\u2019)]*")[-1:] in _TERMINAL
+
+
+def _heading_text(line: str) -> str:
+    return _SECTION_NUMBER.sub("", line.lstrip("#").strip()).strip()
+
+
+def _is_strong_heading(line: str) -> bool:
+    """A heading whatever surrounds it: Markdown's "#", all capitals, or a question."""
+    if _ATX_HEADING.match(line) or line.endswith("?"):
+        return True
+    letters = [c for c in _heading_text(line) if c.isalpha()]
+    return len(letters) >= 2 and all(c.isupper() for c in letters) and not _ends_sentence(line)
+
+
+def _is_heading(line: str) -> bool:
+    """A line that titles what follows rather than saying something."""
+    line = line.strip()
+    if _ATX_HEADING.match(line):
+        return True
+    if line.endswith("?"):  # an FAQ's heading; a question never answers one
+        return True
+    body = _heading_text(line)
+    if not body or _ends_sentence(body) or body.endswith(":"):
+        return False
+    if re.search(r":\s*\S", body):  # "Owner: People Operations" says something
+        return False
+    letters = [c for c in body if c.isalpha()]
+    if len(letters) >= 2 and all(c.isupper() for c in letters):
+        return True
+    return len(_WORD.findall(body)) <= HEADING_MAX_WORDS
+
+
+def _context(heading: str, lead: str) -> str:
+    return f"{heading} {lead}".strip()
+
+
+def _split_sentences(line: str) -> list[str]:
+    pieces = [piece.strip() for piece in _SENTENCE_SPLIT.split(line) if piece.strip()]
+    sentences: list[str] = []
+    for piece in pieces:
+        if sentences and _continues(sentences[-1], piece):
+            sentences[-1] = f"{sentences[-1]} {piece}"
+        else:
+            sentences.append(piece)
+    return sentences
+
+
+def _continues(previous: str, piece: str) -> bool:
+    """Whether a split after ``previous`` was wrong: "Dr. Léa", "e.g. a", "J. Smith"."""
+    last = previous.rsplit(None, 1)[-1].rstrip(".").lower()
+    if last in _ABBREVIATIONS or (len(last) == 1 and last.isalpha()):
+        return True
+    # "word. next" in lower case is an abbreviation we do not know; "word . next" (Cranfield)
+    # is a sentence end.
+    return piece[0].islower() and not previous.endswith(" .") and previous.endswith(".")
+
+
+def _units_of(text: str, number: int, context: str, *, split: bool = False) -> list[Unit]:
+    sentences = _split_sentences(text) if split else [text]
+    units = []
+    for sentence in sentences:
+        sentence = " ".join(sentence.split())
+        if (
+            len(sentence) < MIN_SENTENCE_CHARS
+            or len(_WORD.findall(sentence)) < MIN_SENTENCE_WORDS
+            or sentence.endswith("?")
+            or sentence.endswith(":")
+        ):
+            continue
+        for piece in _fit(sentence):
+            units.append(Unit(number=number, sentence=piece, context=context))
+    return units
+
+
+def _fit(sentence: str) -> list[str]:
+    """A sentence too long to quote, cut at its semicolons (else left out)."""
+    if len(sentence) <= MAX_SENTENCE_CHARS:
+        return [sentence]
+    pieces, current = [], ""
+    for part in sentence.split("; "):
+        candidate = f"{current}; {part}" if current else part
+        if len(candidate) <= MAX_SENTENCE_CHARS:
+            current = candidate
+        else:
+            if current:
+                pieces.append(current)
+            current = part if len(part) <= MAX_SENTENCE_CHARS else ""
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+# --------------------------------------------------------------------------- terms and numbers
+
+
+def _fallback_terms(text: str) -> set[str]:
+    """Words on their first five letters, a plural's "s" dropped: a stemmer's poor cousin,
+    for sources without a text-search configuration."""
+    words = _WORD.findall(text.lower())
+    return {
+        (w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w)[:5]
+        for w in words
+        if len(w) > 1 and not w.isdigit()
+    }
+
+
+# Snowball stems words, not irregular forms: "lost" would never meet "lose".
+_IRREGULAR = {
+    "lost": "lose",
+    "paid": "pay",
+    "bought": "buy",
+    "sent": "send",
+    "kept": "keep",
+    "held": "hold",
+    "taken": "take",
+    "took": "take",
+    "given": "give",
+    "gave": "give",
+    "chosen": "choos",
+    "chose": "choos",
+    "made": "make",
+    "found": "find",
+    "told": "tell",
+    "got": "get",
+    "gotten": "get",
+    "stolen": "steal",
+    "stole": "steal",
+    "written": "write",
+    "wrote": "write",
+    "known": "know",
+    "knew": "know",
+    "spent": "spend",
+    "brought": "bring",
+    "begun": "begin",
+    "began": "begin",
+    "broken": "break",
+    "broke": "break",
+    "driven": "drive",
+    "drove": "drive",
+    "flown": "fli",
+    "flew": "fli",
+    "forgotten": "forget",
+    "forgot": "forget",
+    "sold": "sell",
+    "worn": "wear",
+}
+
+
+def _lexemes(texts: list[str], config: str | None) -> list[set[str]]:
+    """Each text's lexemes under a text-search configuration (one query for all), digits
+    left out (numbers are compared as numbers)."""
+    if not config:
+        return [_fallback_terms(text) for text in texts]
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT array(SELECT lexeme FROM unnest(search_tsvector(%s::regconfig, t))"
+            " WHERE search_bm25_lexeme(lexeme) AND lexeme !~ '^[0-9]+$')"
+            " FROM unnest(%s::text[]) WITH ORDINALITY AS x(t, i) ORDER BY i",
+            [config, texts],
+        )
+        return [{_IRREGULAR.get(lexeme, lexeme) for lexeme in row[0]} for row in cursor.fetchall()]
+
+
+def _question_content(question: str) -> str:
+    """The question's words that say what it is about ("how large" says what kind of answer)."""
+    question = re.sub(_ASKS_QUANTITY, " ", question)
+    return " ".join(word for word in re.split(r"(\W+)", question) if word.lower() not in QUESTION_STOP_WORDS)
+
+
+def numbers_of(text: str) -> list[Number]:
+    found = []
+    for match in _NUMBER_RE.finditer(text):
+        value = float(match.group("n").replace(",", ""))
+        unit = (match.group("unit") or "").lower()
+        currency = (
+            bool(match.group("cur"))
+            or unit.startswith(("eur", "chf"))
+            or bool(_CURRENCY_BEFORE.search(text[: match.start()]))
+        )
+        found.append(Number(value, currency))
+    return found
+
+
+def _numbers_held(question_numbers: Sequence[Number], text: str) -> set[int]:
+    """Which of the question's numbers ``text`` states, or falls within a range it states."""
+    if not question_numbers:
+        return set()
+    stated = numbers_of(text)
+    intervals: list[tuple[float, float, bool]] = []  # low, high, currency
+    for match in _RANGE_RE.finditer(text):
+        low, high = (float(match.group(key).replace(",", "")) for key in ("a", "b"))
+        if low < high:
+            intervals.append((low, high, "€" in match.group(0) or "eur" in match.group(0).lower()))
+    for pattern, bound in ((_AT_MOST_RE, "high"), (_BELOW_RE, "high"), (_ABOVE_RE, "low")):
+        for match in pattern.finditer(text):
+            value = float(match.group("n").replace(",", ""))
+            currency = "€" in match.group(0) or "eur" in match.group(0).lower()
+            intervals.append((-math.inf, value, currency) if bound == "high" else (value, math.inf, currency))
+    held = set()
+    for index, number in enumerate(question_numbers):
+        if any(n.value == number.value and (n.currency == number.currency or not number.currency) for n in stated):
+            held.add(index)
+        elif number.currency and any(low <= number.value <= high and cur for low, high, cur in intervals):
+            held.add(index)
+    return held
+
+
+# What a question asks for, where its words say so (English): an amount of money, a duration,
+# a count of something, or a quantity.
+_ASKS_MONEY = re.compile(
+    r"\bhow much\b.*\b(?:cost|costs|price|pay|paid|charge|charged|fee|worth|spend)\b|"
+    r"\b(?:price|cost|fee)s? (?:of|for)\b|\bwhat does\b.*\bcost\b",
+    re.IGNORECASE,
+)
+_ASKS_DURATION = re.compile(
+    r"\bhow long (?:does|do|did|will|would|can|should|must|is it|until)\b.*\b(?:take|takes|last|lasts|run|runs)\b|"
+    r"\bhow (?:soon|often)\b|\b(?:after|within) how (?:long|many (?:seconds|minutes|hours|days|weeks|months|years))\b",
+    re.IGNORECASE,
+)
+_ASKS_COUNT = re.compile(
+    r"\bhow many ((?:[\w-]+ ){0,2}?[\w-]+?)s?\b(?= (?:are|is|do|does|can|could|must|will|would|"
+    r"should|may|did|have|has|per|in|of|before|after|lock|i|we|you)\b|\?|$)",
+    re.IGNORECASE,
+)
+_ASKS_INSTRUCTION = re.compile(
+    r"\bwhat (?:should|must|do|can|shall) (?:i|we|you|an? \w+|employees?|staff) do\b|\bwhat happens if\b",
+    re.IGNORECASE,
+)
+_INSTRUCTS = re.compile(
+    r"\b(?:must|should|shall|have to|has to|need to|needs to|required?|requires|may not|never|always|do not|don't|"
+    r"is allowed|are allowed|report|contact|call|ask)\b",
+    re.IGNORECASE,
+)
+_ASKS_QUANTITY = re.compile(
+    r"\bhow (?:much|many|long|soon|often|large|big|far|old|fast|high|heavy|tall|wide)\b|\bwhat percentage\b",
+    re.IGNORECASE,
+)
+_QUANTITY_WORDS = re.compile(
+    r"\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|twenty|thirty|sixty|hundred|"
+    r"thousand|million|once|twice|daily|weekly|monthly|yearly|annually|half|dozen|same (?:working |business )?day)\b",
+    re.IGNORECASE,
+)
+_NUMBER_WORDS = r"\d+(?:[.,]\d+)?|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|twenty|thirty"
+_DURATION = re.compile(
+    rf"\b(?:{_NUMBER_WORDS})[\s-]?(?:seconds?|secs?|s|minutes?|mins?|hours?|hrs?|h|days?|weeks?|months?|years?|yrs?)\b|"
+    r"\b(?:daily|weekly|monthly|yearly|annually|once|twice|immediately|same (?:working |business )?day|"
+    r"next (?:working |business )?day)\b",
+    re.IGNORECASE,
+)
+_MONEY = re.compile(
+    r"[€$£¥]\s?\d|\d\s?(?:[€$£¥]|euros?\b|eur\b|chf\b|usd\b|gbp\b|dollars?\b|francs?\b|pounds?\b)|"
+    r"\b(?:eur|chf|usd|gbp)\s?\d",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class AnswerKind:
+    """What a question asks for: ``money``, ``duration``, ``instruction`` (a rule: "What should I do
+    if ...?"), ``count`` (of ``counted``) or ``quantity``."""
+
+    name: str
+    counted: str = ""  # for a count: the thing counted, singular ("minute", "robot")
+
+
+def answer_kind(question: str) -> AnswerKind | None:
+    """What the question's words ask for ("How much does X cost?": money; "How long does it
+    take?": a duration; "How many robots ...?": a count of robots; "How large ...?": a
+    quantity), or None when they do not say."""
+    if _ASKS_MONEY.search(question):
+        return AnswerKind("money")
+    if _ASKS_INSTRUCTION.search(question):
+        return AnswerKind("instruction")
+    if _ASKS_DURATION.search(question):
+        return AnswerKind("duration")
+    count = _ASKS_COUNT.search(question)
+    if count:
+        return AnswerKind("count", counted=count.group(1).split()[-1].lower())
+    if _ASKS_QUANTITY.search(question):
+        return AnswerKind("quantity")
+    return None
+
+
+def holds_kind(kind: AnswerKind | None, sentence: str) -> bool:
+    """Whether a sentence can be the answer to a question asking for ``kind``: it states an
+    amount of money, a duration, a number of the thing counted (within three words: "10
+    failed login attempts"), or any quantity."""
+    if kind is None:
+        return True
+    if kind.name == "money":
+        return bool(_MONEY.search(sentence))
+    if kind.name == "duration":
+        return bool(_DURATION.search(sentence))
+    if kind.name == "instruction":
+        return bool(_INSTRUCTS.search(sentence))
+    if kind.name == "count":
+        counted = re.escape(kind.counted[:5])
+        return bool(re.search(rf"\b(?:{_NUMBER_WORDS})\b(?:\W+\w+){{0,3}}?\W+{counted}", sentence, re.IGNORECASE))
+    return bool(re.search(r"\d", sentence) or _QUANTITY_WORDS.search(sentence))
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def sentences_score(
+    question: str,
+    sources: Sequence[Source],
+    *,
+    embedding_model: str | None,
+    text_search_config: str | None = None,
+) -> Scored:
+    """Every quotable unit of the sources (repeats across overlapping chunks once), scored
+    against the question and, for a question in parts, against each part."""
+    units: list[Unit] = []
+    seen: set[str] = set()
+    for source in sources:
+        for unit in sentence_units(source.text, source.number):
+            key = " ".join(unit.sentence.lower().split())
+            if key not in seen:
+                seen.add(key)
+                units.append(unit)
+    scored = Scored(
+        units=units,
+        lexemes=[],
+        context_lexemes=[],
+        label_lexemes=[],
+        passage_vectors=None,
+        vectors=None,
+        embedding_model=embedding_model,
+        text_search_config=text_search_config,
+        sources=sources,
+    )
+    if not units:
+        return scored
+    parts = question_parts(question)
+    questions = [question, *parts] if len(parts) > 1 else [question]
+    # Headings, lead-ins and labels are few and shared: each is analysed once.
+    extras = sorted({unit.context for unit in units if unit.context} | {unit.label for unit in units if unit.label})
+    lexemes = _lexemes(
+        [*(_question_content(q) for q in questions), *(unit.sentence for unit in units), *extras], text_search_config
+    )
+    question_lexemes, lexemes = lexemes[: len(questions)], lexemes[len(questions) :]
+    by_text = dict(zip(extras, lexemes[len(units) :], strict=True))
+    scored.lexemes = [frozenset(held) for held in lexemes[: len(units)]]
+    scored.context_lexemes = [frozenset(by_text.get(unit.context, ())) for unit in units]
+    scored.label_lexemes = [frozenset(by_text.get(unit.label, ())) for unit in units]
+    if embedding_model:
+        try:
+            scored.vectors = _normalised(sentence_vectors(embedding_model, [unit.sentence for unit in units]))
+        except (EmbedderError, OSError, RuntimeError, ValueError) as exc:
+            logger.warning("sentences scored without embeddings (%s)", exc)
+        else:
+            scored.passage_vectors = _passage_vectors(embedding_model, sources, units)
+    against = [_against(scored, q, frozenset(terms)) for q, terms in zip(questions, question_lexemes, strict=True)]
+    scored.whole, scored.parts = against[0], against[1:]
+    return scored
+
+
+def sentence_vectors(embedding_model: str, sentences: list[str]) -> np.ndarray:
+    """The sentences' embeddings, cached in Redis as query embeddings are: the same chunks
+    come back question after question, and embedding the ~50 sentences of 8 chunks costs
+    more than the retrieval (0.13 s at the median on two cores, up to 1.6 s while they were
+    shared, against 4 to 16 ms)."""
+    keys = ["semb:" + hashlib.sha256(f"{embedding_model}\0{sentence}".encode()).hexdigest() for sentence in sentences]
+    try:
+        cached = cache.get_many(keys)
+    except Exception:  # a cache outage must not take answers down with it
+        cached = {}
+    missing = [i for i, key in enumerate(keys) if key not in cached]
+    vectors: list[np.ndarray | None] = [
+        np.frombuffer(cached[key], dtype=np.float32) if key in cached else None for key in keys
+    ]
+    if missing:
+        computed = np.asarray(
+            embedder_get(embedding_model).embed_documents([sentences[i] for i in missing]), dtype=np.float32
+        )
+        for i, vector in zip(missing, computed, strict=True):
+            vectors[i] = vector
+        try:
+            cache.set_many({keys[i]: vectors[i].tobytes() for i in missing}, SENTENCE_CACHE_SECONDS)
+        except Exception:
+            logger.warning("sentence embedding cache unavailable", exc_info=True)
+    return np.stack(vectors)
+
+
+def _normalised(vectors) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return vectors / np.where(norms == 0, 1.0, norms)
+
+
+def _passage_vectors(embedding_model: str, sources: Sequence[Source], units: list[Unit]) -> np.ndarray | None:
+    """The stored embedding of each unit's chunk (rows of zeros where there is none)."""
+    ids = {source.number: source.chunk_id for source in sources}
+    try:
+        rows = dict(
+            Chunk.objects.filter(pk__in=set(ids.values()), embedding_model=embedding_model).values_list(
+                "pk", "embedding"
+            )
+        )
+    except DatabaseError as exc:
+        logger.warning("passages scored without their embeddings (%s)", exc)
+        return None
+    if not rows:
+        return None
+    size = len(next(iter(rows.values())))
+    zero = np.zeros(size, dtype=np.float32)
+    vectors = [np.asarray(rows.get(ids.get(unit.number), zero), dtype=np.float32) for unit in units]
+    if any(len(vector) != size for vector in vectors):
+        return None
+    return _normalised(np.stack(vectors))
+
+
+def _term_weights(scored: Scored, terms: frozenset[str], numbers: int) -> dict[str, float]:
+    """How informative each question term is among these sources: a term that most of their
+    sentences hold ("call" in an on-call handbook) tells them apart less than a rare one."""
+    count = max(len(scored.units), 1)
+    weights = {term: math.log(1 + count / (1 + sum(term in lexemes for lexemes in scored.lexemes))) for term in terms}
+    top = max(weights.values(), default=1.0)
+    weights.update({f"#{i}": top for i in range(numbers)})  # a number asked for is as telling as any term
+    return weights
+
+
+def _against(scored: Scored, question: str, terms: frozenset[str]) -> Against:
+    """The units scored against one question.
+
+    ``relevance`` (what abstention is calibrated on): cosine + ``COVERAGE_WEIGHT`` x the share
+    of at most ``COVERAGE_TERMS`` question terms held (a term only in the heading or lead-in
+    counts ``CONTEXT_WEIGHT``), less ``ANSWER_KIND_PENALTY`` where the sentence cannot be what
+    the question asks for. ``ranking`` (which sentence to quote): the same with each term
+    weighted by how rare it is among the sources' sentences, plus ``PASSAGE_WEIGHT`` x the
+    cosine of the sentence's whole chunk, which says what a short sentence is about when its
+    own words do not ("Lost or stolen security keys ..." in a chunk about YubiKeys).
+    """
+    numbers = tuple(numbers_of(question))
+    kind = answer_kind(question)
+    size = max(min(len(terms) + len(numbers), COVERAGE_TERMS), 1)
+    weights = _term_weights(scored, terms, len(numbers))
+    total_weight = sum(weights.values()) or 1.0
+    held, context_held, coverage, weighted, fits = [], [], [], [], []
+    for unit, own, around in zip(scored.units, scored.lexemes, scored.context_lexemes, strict=True):
+        unit_held = (terms & own) | {f"#{i}" for i in _numbers_held(numbers, unit.sentence)}
+        context_only = (terms & around) - unit_held
+        held.append(frozenset(unit_held))
+        context_held.append(frozenset(context_only))
+        coverage.append(min((len(unit_held) + CONTEXT_WEIGHT * len(context_only)) / size, 1.0))
+        share = sum(weights[t] for t in unit_held) + CONTEXT_WEIGHT * sum(weights[t] for t in context_only)
+        weighted.append(share / total_weight)
+        fits.append(holds_kind(kind, unit.sentence))
+    penalty = np.where(np.array(fits, dtype=bool), 0.0, ANSWER_KIND_PENALTY)
+    dense = passage = None
+    if scored.vectors is not None and scored.embedding_model:
+        try:
+            query = _normalised(query_embedding(scored.embedding_model, question))
+        except (EmbedderError, OSError, RuntimeError, ValueError) as exc:
+            logger.warning("question scored without embeddings (%s)", exc)
+        else:
+            dense = (scored.vectors @ query).astype(np.float64)
+            if scored.passage_vectors is not None:
+                passage = (scored.passage_vectors @ query).astype(np.float64)
+    # Without embeddings the coverage is the whole score (ABSTAIN_BELOW_LEXICAL is on that scale).
+    base, weight = (dense, COVERAGE_WEIGHT) if dense is not None else (0.0, 1.0)
+    relevance = base + weight * np.array(coverage, dtype=np.float64) - penalty
+    ranking = base + weight * np.array(weighted, dtype=np.float64) - penalty
+    if passage is not None:
+        ranking = ranking + PASSAGE_WEIGHT * passage
+    # "Core hours: 09:00 - 13:00 UTC" answers "What are the core hours?" more directly than
+    # "Outside core hours you organise your own schedule", which holds the same terms.
+    labelled = np.array([bool(label) and label <= terms for label in scored.label_lexemes], dtype=bool)
+    ranking = ranking + np.where(labelled, LABEL_BONUS, 0.0)
+    return Against(
+        question=question,
+        terms=terms,
+        numbers=numbers,
+        kind=kind,
+        held=held,
+        context_held=context_held,
+        dense=dense,
+        relevance=np.asarray(relevance, dtype=np.float64),
+        ranking=np.asarray(ranking, dtype=np.float64),
+    )
+
+
+def relevance_of(scored: Scored, *, threshold: float | None = None) -> Relevance:
+    """Whether the scored sources answer the question, and which come closest."""
+    lexical_only = scored.lexical_only or (scored.whole is not None and scored.whole.dense is None)
+    if threshold is None:
+        threshold = ABSTAIN_BELOW_LEXICAL if lexical_only else ABSTAIN_BELOW
+    if scored.whole is None:
+        return Relevance(score=-1.0, closest=[], abstain=True, lexical_only=lexical_only)
+    best_by_number: dict[int, float] = {}
+    for against in [scored.whole, *scored.parts]:
+        for unit, value in zip(scored.units, against.relevance, strict=True):
+            best_by_number[unit.number] = max(best_by_number.get(unit.number, -math.inf), float(value))
+    by_number = {source.number: source for source in scored.sources}
+    ranked = sorted(best_by_number.items(), key=lambda item: (-item[1], item[0]))[:CLOSEST]
+    closest = [
+        {
+            "number": number,
+            "chunk_id": by_number[number].chunk_id,
+            "document_id": by_number[number].document_id,
+            "title": by_number[number].title,
+            "score": round(value, 4),
+        }
+        for number, value in ranked
+        if number in by_number
+    ]
+    score = scored.best
+    return Relevance(score=round(score, 4), closest=closest, abstain=score < threshold, lexical_only=lexical_only)
+
+
+def declined_text(closest: list[dict]) -> str:
+    """What an answer that abstains says: ``NOT_ANSWERED``, then the closest passages, one
+    line a document with its passages' numbers, nearest first ("- Remote Work Policy [2][5]")."""
+    by_title: dict[str, list[int]] = {}
+    for passage in closest:
+        by_title.setdefault(passage["title"], []).append(passage["number"])
+    if not by_title:
+        return NOT_ANSWERED
+    listed = [f"- {title} " + "".join(f"[{number}]" for number in numbers) for title, numbers in by_title.items()]
+    return "\n".join([NOT_ANSWERED, "", CLOSEST_LEAD, *listed])
+
+
+def relevance(
+    question: str,
+    sources: Sequence[Source],
+    *,
+    embedding_model: str | None,
+    text_search_config: str | None = None,
+    threshold: float | None = None,
+) -> Relevance:
+    """Whether ``sources`` answer ``question``: decline (``abstain``) below the threshold."""
+    scored = sentences_score(question, sources, embedding_model=embedding_model, text_search_config=text_search_config)
+    return relevance_of(scored, threshold=threshold)
