@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,27 @@ class RepetitionGuard:
             drop = len(tail) - self._window
             tail, self._offset = tail[drop:], self._offset + drop
         self._tail = tail
+        found = self._periodic(tail) or self._counted_lines(tail)
+        if found is None and _DIGITS.search(tail):
+            # The same again with every number masked: paragraphs that repeat but for a counter
+            # ("3. What does she do? ..." then "4. What does she do? ..."); spans only, and
+            # counted_repeats copies of them, as for lines.
+            masked, origin = _masked(tail)
+            loop = self._periodic(masked, spans_only=True)
+            if loop is not None:
+                start, cut = loop.start_char - self._offset, loop.cut_at_char - self._offset
+                found = replace(
+                    loop,
+                    start_char=self._offset + origin[start],
+                    cut_at_char=self._offset + (origin[cut] if cut < len(origin) else len(tail)),
+                    period=origin[min(start + loop.period, len(origin) - 1)] - origin[start],
+                    rule="counted",
+                    chars_seen=self._offset + len(tail),
+                )
+        return found
+
+    def _periodic(self, tail: str, *, spans_only: bool = False) -> Repetition | None:
+        """The tail's loop by the period rules (span, line, digits, blank, short), if any."""
         n = len(tail)
         if n <= NEEDLE:
             return None
@@ -143,12 +164,14 @@ class RepetitionGuard:
         for _ in range(MAX_CANDIDATES):
             at = tail.rfind(needle, low, end)
             if at < 0:
-                break
+                return None
             end = at + NEEDLE - 1  # the next one starts before this one
             found = self._loop_of_period(tail, n - NEEDLE - at)
-            if found is not None:
+            if found is not None and (
+                not spans_only or (found.rule == "span" and found.repeats >= self.thresholds.counted_repeats)
+            ):
                 return found
-        return self._counted_lines(tail)
+        return None
 
     def _counted_lines(self, tail: str) -> Repetition | None:
         """The ``counted`` rule: the last complete lines the same once their numbers are
@@ -248,6 +271,21 @@ class RepetitionGuard:
         while cut > 0 and tail[cut - 1].isspace():
             cut -= 1
         return cut
+
+
+def _masked(text: str) -> tuple[str, list[int]]:
+    """``text`` with every run of digits as one ``#``, and for each of its characters the
+    index in ``text`` of the character it stands for."""
+    masked, origin, position = [], [], 0
+    for match in _DIGITS.finditer(text):
+        masked.append(text[position : match.start()])
+        origin.extend(range(position, match.start()))
+        masked.append("#")
+        origin.append(match.start())
+        position = match.end()
+    masked.append(text[position:])
+    origin.extend(range(position, len(text)))
+    return "".join(masked), origin
 
 
 def trim_repetition(text: str, stats: dict | None) -> str:
