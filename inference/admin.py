@@ -84,7 +84,13 @@ class ProviderAdmin(admin.ModelAdmin):
             {"fields": ["speculative_method", "draft_model", "speculative_k", "speculative_adaptive_k"]},
         ),
         ("Timeouts (seconds)", {"fields": ["connect_timeout_s", "first_token_timeout_s", "total_timeout_s"]}),
-        ("Advanced", {"fields": ["extra_body", "warming_since", "created_at", "updated_at"], "classes": ["collapse"]}),
+        (
+            "Advanced",
+            {
+                "fields": ["extra_body", "cut_repetitions", "warming_since", "created_at", "updated_at"],
+                "classes": ["collapse"],
+            },
+        ),
     ]
 
     def get_queryset(self, request):

@@ -421,6 +421,7 @@ class Routing:
             first_token_timeout_s=min(provider.first_token_timeout_s, left),
             total_timeout_s=min(provider.total_timeout_s, left),
             extra_body=provider.extra_body or None,
+            cut_repetitions=provider.cut_repetitions,
         )
         payload = self.payload
         request = RemoteRequest(

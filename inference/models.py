@@ -86,6 +86,11 @@ class Provider(models.Model):
     extra_body = models.JSONField(
         default=dict, blank=True, help_text="Extra JSON fields sent with every request to this endpoint."
     )
+    cut_repetitions = models.BooleanField(
+        default=True,
+        help_text="End a generation that repeats itself, bill what it generated (docs/routing.md). Off for "
+        "outputs that repeat on purpose, and for exactness tests of untrained models.",
+    )
     enabled = models.BooleanField(default=True)
     # A GPU pool whose engine servers are starting (manage.py up sets it until one answers and
     # its first-token timeout is measured): answers are extractive meanwhile, and /readyz says

@@ -62,6 +62,9 @@ class TestPool:
             "speculative_method": self.config.speculative,
             "speculative_k": self.config.k,
             "context_window": MAX_MODEL_LEN,
+            # An untrained model's text loops; these pools' tests compare whole generations
+            # with the engine's, so nothing is cut (tests/inference/test_repetition.py cuts).
+            "cut_repetitions": False,
         }
 
     def counters(self) -> dict[str, float]:

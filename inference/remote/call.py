@@ -21,6 +21,7 @@ class RemoteEndpoint:
     first_token_timeout_s: float = 30
     total_timeout_s: float = 300
     extra_body: dict | None = None
+    cut_repetitions: bool = True  # end a generation that repeats itself (inference.remote.repetition)
 
     @property
     def host(self) -> str:

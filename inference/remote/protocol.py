@@ -79,7 +79,7 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
     usage = None
     model: str | None = None
     reported_metrics = None
-    guard = RepetitionGuard()
+    guard = RepetitionGuard() if endpoint.cut_repetitions else None
     repetition: Repetition | None = None
 
     def deadline_error() -> UpstreamError:
@@ -144,7 +144,7 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
                             transport.watchdog.move(watch, total_deadline)
                         tokens_sent += 1
                         yield text
-                        repetition = guard.feed(text)
+                        repetition = guard.feed(text) if guard is not None else None
                         if repetition is not None:
                             break
                     if choice.finish_reason:

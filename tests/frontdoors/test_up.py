@@ -589,7 +589,7 @@ def _api(base: str, key: str, path: str, body: dict | None = None) -> tuple[int,
 def _asked(system: System, key: str, question: str) -> dict:
     """A question through REST API v1, waited for until its answer is stored."""
     status, created = _api(system.base, key, "/api/v1/answers", {"question": question})
-    assert status == 201, created
+    assert status == 202, created
 
     def stored():
         _, answer = _api(system.base, key, f"/api/v1/answers/{created['id']}")

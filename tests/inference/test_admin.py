@@ -303,6 +303,8 @@ def test_a_route_keeps_its_fallbacks_in_order(admin_client, provider):
         "temperature": "0",
         "top_p": "1",
         "system_prompt": "",
+        "max_sources": "8",
+        "max_source_tokens": "",
         "enabled": "on",
         "fallback_links-TOTAL_FORMS": "2",
         "fallback_links-INITIAL_FORMS": "0",
