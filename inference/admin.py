@@ -272,6 +272,7 @@ class RouteAdmin(admin.ModelAdmin):
         "system_prompt",
         "max_sources",
         "max_source_tokens",
+        "abstains",
         "created_at",
         "updated_at",
     ]

@@ -259,6 +259,11 @@ class Route(models.Model):
         help_text="Longest source in a prompt, in the model's tokens (a longer one keeps its sentences that best "
         "match the question); empty: whole chunks.",
     )
+    abstains = models.BooleanField(
+        default=True,
+        help_text="Decline, with the closest passages, when the retrieved passages do not answer the question or "
+        "nothing generated is supported by them (docs/answers.md); off: the model answers whatever was found.",
+    )
     enabled = models.BooleanField(default=True)
     fallbacks = models.ManyToManyField(
         "self", through="RouteFallback", through_fields=("route", "fallback"), symmetrical=False, related_name="+"

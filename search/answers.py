@@ -11,10 +11,13 @@
    ``search.tasks.answer_finalize`` linked to it, and returns the answer (``generating``).
 
 The tokens stream into ``gen:<answer id>`` (``answer_stream_read``). When the generation
-ends, ``answer_finalize`` (queue ``default``) stores the text, its citations (each ``[n]``
-mapped to the source's chunk and document; a number the prompt did not give is dropped and
-counted), the generation stats and the timings, and marks the answer ``done`` or
-``failed`` with the reason.
+ends, ``answer_finalize`` (queue ``default``) checks the text's citations against the
+passages given (``search.verification``: invented markers removed, sentences re-attributed
+or given their citation, unsupported ones flagged; nothing supported: the answer abstains),
+stores the text, its citations, the generation stats and the timings, marks the answer
+``done`` or ``failed`` with the reason, and ends the stream with the stored answer
+(``answer`` event, ``ANSWER_END``). Retrieval that does not answer the question abstains
+before any generation (``search.abstention``). docs/answers.md.
 
 Without a configured route (``NoRouteConfigured``) the answer is extractive: the best
 sentences of the top chunks, each with its ``[n]``, written to the same stream (deltas,
@@ -210,7 +213,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         text_search_config=first.text_search_config if first else None,
     )
     answer.stats["relevance"] = round(relevance.score, 4)
-    if relevance.abstain:
+    if relevance.abstain and plan.route.abstains:
         return _answer_abstained(answer, sources, relevance.closest, started, mode=Answer.Mode.GENERATED)
 
     prompt_started = time.perf_counter()
@@ -356,7 +359,7 @@ def _answer_abstained(answer: Answer, sources, closest: list[dict], started: flo
     answer.timings["total_ms"] = _ms_since(started)
     answer.stats = {
         **answer.stats,
-        "mode": mode.value if hasattr(mode, "value") else mode,
+        "mode": Answer.Mode(mode).value,
         "abstained": True,
         "closest": closest,
     }
@@ -467,22 +470,23 @@ def answer_finalize(*, answer_id, result) -> tuple[Answer | None, bool]:
     when the generation has not ended yet (its result went to another queue's task) and
     the caller should look again later. Idempotent: a finished answer is left as it is.
     Once stored, the answer is written to its stream as its last event (``answer``)."""
-    answer, waiting = _finalize_stored(answer_id, result)
-    if answer is not None and not waiting and answer.status == Answer.Status.DONE and getattr(answer, "_ended", False):
+    answer, waiting, stored_now = _finalize_stored(answer_id, result)
+    if stored_now:  # after the commit: a reader of the event finds the same answer stored
         _stream_end(answer.pk, answer_record(answer))
     return answer, waiting
 
 
-def _finalize_stored(answer_id, result) -> tuple[Answer | None, bool]:
+def _finalize_stored(answer_id, result) -> tuple[Answer | None, bool, bool]:
+    """``(answer, waiting, stored_now)``: ``stored_now`` when this call stored it done."""
     with transaction.atomic():
         answer = Answer.objects.select_for_update().filter(pk=answer_id).first()
         if answer is None or answer.status in (Answer.Status.DONE, Answer.Status.FAILED):
-            return answer, False
+            return answer, False, False
         outcome = _result_of(result, str(answer.id))
         if outcome is None:
             age = (timezone.now() - answer.created_at).total_seconds()
             if age < FINALIZE_WATCH_SECONDS:
-                return answer, True
+                return answer, True, False
             outcome = {"text": "", "stats": {}, "error": {"message": "the generation never ended"}}
         error = outcome["error"]
         # A generation cut for repeating itself keeps one copy of the loop (the stream has all).
@@ -503,8 +507,7 @@ def _finalize_stored(answer_id, result) -> tuple[Answer | None, bool]:
         answer.save()
         if not error:  # a failed generation's stream already ends with its error
             metrics.answer_checked(answer.mode, answer.grounded, answer.abstained)
-            answer._ended = True  # stored by this call: its stream's end is written after the commit
-        return answer, False
+        return answer, False, not error
 
 
 def _stream_end(answer_id, record: dict) -> None:
@@ -542,7 +545,8 @@ def _verify(answer: Answer) -> None:
     )
     answer.verification = {**verification.as_dict(), "original_text": answer.text}
     answer.text, answer.grounded = verification.text, verification.grounded
-    if verification.declined or verification.grounded == 0:
+    abstains = answer.route.abstains if answer.route is not None else True
+    if abstains and (verification.declined or verification.grounded == 0):
         closest = sorted(answer.sources, key=lambda record: -record.get("score", 0.0))[: abstention.CLOSEST]
         closest = [
             {key: record.get(key) for key in ("number", "chunk_id", "document_id", "title", "score")}

@@ -72,7 +72,9 @@ def site(upstream_server):
     upstream_key = UpstreamKey(provider=provider, label="main")
     upstream_key.set_secret(f"sk-overload-{uuid.uuid4().hex}")
     upstream_key.save()
-    Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=32)
+    # Without documents nothing answers a question: this route generates all the same, so that
+    # its answers are queued (the subject here), instead of declining at once.
+    Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=32, abstains=False)
     redis_client().delete(*queue_lists(QUEUE), backpressure.reservations_key(QUEUE))
     _, token = client_keys.client_key_create(workspace, "load", scopes=["search", "generate"])
     return token
