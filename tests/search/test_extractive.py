@@ -9,12 +9,15 @@ without them. Figures: docs/answers.md, "Extractive answers and abstention".
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.test import override_settings
 
 from search.abstention import (
@@ -447,3 +450,32 @@ def _rates(demo, cranfield, queries: list[dict], judged: dict[str, dict[str, int
         "highest_unanswerable_demo": max(a.relevance for a in unanswerable),
         "highest_near_misses": sorted((a.relevance for a in near_answers), reverse=True)[:3],
     }
+
+
+# --------------------------------------------------------------------------- manage.py eval_answers
+
+
+def test_eval_answers_asks_through_the_answer_path_and_judges_each_answer(demo, django_db_blocker, tmp_path):
+    """The command on the demo corpus without any route (extractive), on the README's first five
+    questions and two unanswerable ones: the verdicts the answers earn, and a refused file."""
+    chosen = [item for item in QA if item["id"] in ("q01", "q02", "q03", "q04", "q05")]
+    chosen += [item for item in QA if item["kind"] == "unanswerable"][:2]
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps(item) + "\n" for item in chosen))
+    out = io.StringIO()
+    with django_db_blocker.unblock():
+        call_command("eval_answers", str(qa), "--workspace", demo.workspace.slug, stdout=out)
+    lines = out.getvalue().strip().splitlines()
+    summary = json.loads(lines[-1])
+    assert (summary["model"], summary["questions"], summary["answerable"]) == ("extractive", 7, 5)
+    assert (summary["correct"], summary["right_source"], summary["citation_validity"]) == (1.0, 1.0, 1.0)
+    assert (summary["unanswerable_declined"], summary["answerable_declined"], summary["failed"]) == (1.0, 0.0, 0)
+    assert summary["modes"] == {"extractive": 7} and summary["latency_p50_ms"] > 0
+    assert [line.split()[0] for line in lines[:-1]] == [item["id"] for item in chosen]
+
+    qa.write_text('{"id": "x", "question": "q", "expected": ["("], "sources": [], "kind": "single"}\n')
+    with pytest.raises(CommandError, match=r"qa.jsonl:1: a pattern does not compile"):
+        call_command("eval_answers", str(qa), "--workspace", demo.workspace.slug)
+    qa.write_text('{"id": "x", "question": "q", "expected": [], "sources": [], "kind": "trivia"}\n')
+    with pytest.raises(CommandError, match=r"qa.jsonl:1: kind 'trivia' is not one of single"):
+        call_command("eval_answers", str(qa), "--workspace", demo.workspace.slug)
