@@ -467,6 +467,7 @@ def pool_register(server: Server, max_tokens: int):
         speculative_method=server.speculative,
         speculative_k=K,
         context_window=MAX_MODEL_LEN,
+        cut_repetitions=False,  # random weights loop; every answer runs to its max_tokens, as timed
         first_token_timeout_s=REQUEST_TIMEOUT_S,
         total_timeout_s=REQUEST_TIMEOUT_S,
     )
@@ -475,6 +476,7 @@ def pool_register(server: Server, max_tokens: int):
     route = Route.objects.filter(name="bench").first() or Route(name="bench", is_default=True)
     route.provider = provider
     route.max_tokens = max_tokens
+    route.abstains = False  # every answer generates: the engines' throughput is what is timed
     route.full_clean()
     route.save()
     return provider

@@ -150,7 +150,8 @@ def corpus_setup(args, upstream: str) -> tuple[list[str], list[str]]:
         key = UpstreamKey(provider=provider, label=label)
         key.set_secret(f"sk-load-{label}-{uuid.uuid4().hex}")
         key.save()
-    Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=args.max_tokens)
+    # Answers are generated whatever their passages say: the load is the generations'.
+    Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=args.max_tokens, abstains=False)
     tokens = [
         client_keys.client_key_create(workspace, f"load {n}", scopes=["search", "generate"])[1]
         for n in range(args.keys)
