@@ -697,7 +697,7 @@ def test_engines_accept_the_speculative_methods_settings_accept(raw_compose, ser
     documented = documented_variables()
     env = {key: value for key, value in os.environ.items() if key not in documented}
     env.update(environment(services["gpu-worker"]))
-    env.update(RAGSITE_VAR_DIR=str(vllm_stub / "var"), GPU_POOL_MODEL="", DJANGO_SETTINGS_MODULE="ragsite.settings")
+    env.update(RAGSITE_VAR_DIR=str(vllm_stub / "var"), GPU_POOL_MODEL="off", DJANGO_SETTINGS_MODULE="ragsite.settings")
     result = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
