@@ -616,6 +616,10 @@ def test_up_serves_the_demo_model_out_of_the_box_and_answers_extractively_while_
             "print(client_key_create(Workspace.objects.get(slug='demo'), 'up-test', scopes=['search', 'generate'])[1])"
         )
         key = system.manage("shell", "-v", "0", "-c", make_key).strip()
+        indexed = "from search.models import Document; print(Document.objects.filter(status='indexed').count())"
+        wait_for(
+            lambda: system.manage("shell", "-v", "0", "-c", indexed).strip() == "6", 180, "the demo corpus indexed"
+        )
         warming = _asked(system, key, "What is the per-diem for a full day in Zürich?")
         assert (warming["status"], warming["mode"]) == ("done", "extractive")
         assert warming["text"].startswith("Extracted from the sources (the generation model is still starting):")
