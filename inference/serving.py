@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import psutil
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -189,8 +190,6 @@ def served_dtype(dtype: str, device: str) -> str:
 def kv_cache_gib(available_bytes: int | None = None) -> int:
     """A CPU engine's KV cache in GiB, from the memory available now (KV_CACHE_SHARE, bounded)."""
     if available_bytes is None:
-        import psutil
-
         available_bytes = psutil.virtual_memory().available
     share = int(available_bytes * KV_CACHE_SHARE / 2**30)
     return max(KV_CACHE_MIN_GIB, min(KV_CACHE_MAX_GIB, share))
