@@ -42,6 +42,7 @@ from django.db import DatabaseError
 from search.embedders import EmbedderError, embedder_get, query_embedding
 from search.models import Chunk
 from search.prompting import Source
+from search.selectors import texts_lexemes
 
 logger = logging.getLogger(__name__)
 
@@ -495,16 +496,7 @@ def _lexemes(texts: list[str], config: str | None) -> list[set[str]]:
     left out (numbers are compared as numbers)."""
     if not config:
         return [_fallback_terms(text) for text in texts]
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT array(SELECT lexeme FROM unnest(search_tsvector(%s::regconfig, t))"
-            " WHERE search_bm25_lexeme(lexeme) AND lexeme !~ '^[0-9]+$')"
-            " FROM unnest(%s::text[]) WITH ORDINALITY AS x(t, i) ORDER BY i",
-            [config, texts],
-        )
-        return [{_IRREGULAR.get(lexeme, lexeme) for lexeme in row[0]} for row in cursor.fetchall()]
+    return [{_IRREGULAR.get(lexeme, lexeme) for lexeme in row} for row in texts_lexemes(texts, config, numbers=False)]
 
 
 def _question_content(question: str) -> str:

@@ -371,3 +371,19 @@ def _keyword_filter_sql(parsed: ParsedQuery) -> str:
 def _snippet_html(headline: str) -> str:
     escaped = html.escape(" ".join(headline.split()))
     return escaped.replace(_MARK_START, "<mark>").replace(_MARK_END, "</mark>")
+
+
+def texts_lexemes(texts: list[str], config: str, *, numbers: bool = True) -> list[list[str]]:
+    """Each text's BM25 lexemes as keyword search analyses text (``search_tsvector`` under
+    ``config``), all texts in one statement; ``numbers=False`` leaves out lexemes of digits
+    only (compared as numbers by the caller). Used to compare sentences with passages
+    (``search.verification``, ``search.abstention``)."""
+    digits = "" if numbers else " AND lexeme !~ '^[0-9]+$'"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT array(SELECT lexeme FROM unnest(search_tsvector(%s::regconfig, t))"
+            f" WHERE search_bm25_lexeme(lexeme){digits})"
+            " FROM unnest(%s::text[]) WITH ORDINALITY AS x(t, i) ORDER BY i",
+            [config, texts],
+        )
+        return [list(row[0]) for row in cursor.fetchall()]

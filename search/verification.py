@@ -44,10 +44,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from django.db import connection
 
 from search.embedders import EmbedderError, embedder_get
 from search.prompting import CitationMarker, citation_markers
+from search.selectors import texts_lexemes
 
 logger = logging.getLogger(__name__)
 
@@ -472,14 +472,7 @@ def _lexemes(texts: list[str], config: str | None) -> list[set[str]]:
     text (``search_tsvector``), all texts in one query."""
     if not config:
         return [_fallback_terms(text) for text in texts]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT array(SELECT lexeme FROM unnest(search_tsvector(%s::regconfig, t))"
-            " WHERE search_bm25_lexeme(lexeme))"
-            " FROM unnest(%s::text[]) WITH ORDINALITY AS x(t, i) ORDER BY i",
-            [config, texts],
-        )
-        return [set(row[0]) for row in cursor.fetchall()]
+    return [set(row) for row in texts_lexemes(texts, config)]
 
 
 def _evidence(texts: list[str], content_texts: list[str], config: str | None) -> list[_Evidence]:

@@ -385,7 +385,9 @@ def workers(django_db_setup, django_db_blocker, tmp_path_factory):
 def test_an_answer_end_to_end_on_a_gpu_pool(workers, corpus, asker, ngram_pool):
     workspace, _ = corpus
     provider = Provider.objects.create(name="pool", **{**ngram_pool.provider_fields(), "context_window": 512})
-    route = Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=16)
+    # An untrained model: its text is supported by no passage, and this test follows the
+    # generation, so the route generates and stores it whatever the check finds.
+    route = Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=16, abstains=False)
     question = "the wing lift and the heat flux"
 
     answer = answer_create(workspace=workspace, question=question, asker=asker)
@@ -395,12 +397,11 @@ def test_an_answer_end_to_end_on_a_gpu_pool(workers, corpus, asker, ngram_pool):
 
     assert [kind for _, kind, _ in events][-2:] == ["stats", "answer"], events[-2:]
     assert stored.status == Answer.Status.DONE, stored.error
-    # The stream has the text as generated; the stored answer is that text checked against its
-    # passages (a random model's text is supported by none: the answer abstains, saying so).
+    # The stream has the text as generated; the stored answer is that text with its citations
+    # checked (markers naming no source removed, citations moved or added where a passage supports a sentence).
     assert stored.verification["original_text"] == deltas(events) != ""
     assert events[-1][2] == answers.answer_record(stored)
-    if stored.abstained:
-        assert stored.text.startswith("The sources found do not answer this question.")
+    assert not stored.abstained
     hits = hits_for(workspace, question)
     assert [(s["number"], s["chunk_id"], s["document_id"]) for s in stored.sources] == [
         (number, hit.chunk_id, hit.document_id) for number, hit in enumerate(hits, start=1)
