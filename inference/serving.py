@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import httpx2
 import psutil
 from django.conf import settings
 from django.db import transaction
@@ -332,8 +333,6 @@ def pool_warm(provider: Provider, *, timeout_s: float = 600.0, log: Callable[[st
     default route sends, for one token, and set the first-token timeout from the slowest
     (``FIRST_TOKEN_TIMEOUT_FACTOR`` times it, at least ``FIRST_TOKEN_TIMEOUT_MIN_S``) unless
     ``GPU_POOL_FIRST_TOKEN_TIMEOUT_S`` fixes it; returns the slowest prefill in seconds."""
-    import httpx2
-
     route = Route.objects.filter(provider=provider, enabled=True).order_by("-is_default", "name").first()
     tokens = warm_prompt_tokens(route, provider.context_window)
     # Words of one token each in the usual vocabularies, varied so that no prefix is cached.

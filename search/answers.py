@@ -206,15 +206,19 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         return _answer_extractive(answer, sources, first, started, why=why_extractive)
     # Sources that do not answer the question are not given to a model, which would answer
     # from them anyway: the answer declines at once, with the closest passages.
-    relevance = abstention.relevance(
-        answer.question,
-        sources,
-        embedding_model=first.embedding_model if first else None,
-        text_search_config=first.text_search_config if first else None,
-    )
-    answer.stats["relevance"] = round(relevance.score, 4)
-    if relevance.abstain and plan.route.abstains:
-        return _answer_abstained(answer, sources, relevance.closest, started, mode=Answer.Mode.GENERATED)
+    # A route that never abstains does not pay for the judgement on its requests' path.
+    if plan.route.abstains:
+        relevance_started = time.perf_counter()
+        relevance = abstention.relevance(
+            answer.question,
+            sources,
+            embedding_model=first.embedding_model if first else None,
+            text_search_config=first.text_search_config if first else None,
+        )
+        answer.timings["relevance_ms"] = _ms_since(relevance_started)
+        answer.stats["relevance"] = round(relevance.score, 4)
+        if relevance.abstain:
+            return _answer_abstained(answer, sources, relevance.closest, started, mode=Answer.Mode.GENERATED)
 
     prompt_started = time.perf_counter()
     try:
@@ -226,7 +230,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     answer.sources = [source.as_record() for source in prompt.sources]
     answer.route, answer.release, answer.arm = plan.route, plan.release, plan.arm
     answer.mode, answer.status = Answer.Mode.GENERATED, Answer.Status.GENERATING
-    answer.stats = {"context": prompt.context_record(), "relevance": answer.stats["relevance"]}
+    answer.stats = {"context": prompt.context_record(), **{k: v for k, v in answer.stats.items() if k == "relevance"}}
     client_key = getattr(answer, "client_key", None)
     common = {
         "temperature": temperature,
