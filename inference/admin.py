@@ -272,6 +272,8 @@ class RouteAdmin(admin.ModelAdmin):
         "system_prompt",
         "max_sources",
         "max_source_tokens",
+        "citing",
+        "stop",
         "abstains",
         "created_at",
         "updated_at",

@@ -183,6 +183,7 @@ class Routing:
         last = handover.get("last_error") if handover else None
         self.last: Failure | None = Failure(**last) if last else None
         self.pending: dict | None = None  # the retry event announcing the next attempt
+        self.timed_out_on: set[str] = set()  # pool devices an attempt of this request timed out on
         self._fallbacks: list[Route] | None = None
         # The route's first key, picked in the statement that loaded the route (for its own provider).
         prefetch = not route.provider.is_local and not replaced
@@ -401,10 +402,15 @@ class Routing:
     def attempt_pool(self, route: Route) -> Failure | None:
         """One call to the least loaded device of the route's GPU pool; a device that cannot
         be reached is passed over by this process until its next load reading."""
-        device = pool.device_pick(route.provider.devices)
+        device = pool.device_pick(route.provider.devices, avoid=frozenset(self.timed_out_on))
         failure = self.attempt(route, base_url=device, api_key=settings.GPU_POOL_API_KEY or "EMPTY", key_id=None)
         if failure is not None and failure.kind == "connection":
             pool.device_failed(device, failure.message)
+        if failure is not None and failure.kind == "timeout":
+            # The attempt closed its connection before returning, which is how vLLM (and
+            # SGLang) cancel a request: the retry never runs beside it. It also goes to
+            # another device while the pool has one (docs/routing.md, "Retries").
+            self.timed_out_on.add(device)
         return failure
 
     def attempt(self, route: Route, *, base_url: str, api_key: str, key_id: int | None) -> Failure | None:

@@ -259,10 +259,26 @@ class Route(models.Model):
         help_text="Longest source in a prompt, in the model's tokens (a longer one keeps its sentences that best "
         "match the question); empty: whole chunks.",
     )
+
+    class Citing(models.TextChoices):
+        MODEL = "model", "The model cites the numbered sources"
+        VERIFIER = "verifier", "Verification cites: the model gets the sources as plain text"
+
+    # Who puts the [n] markers in: a model that cites well gets numbered sources; a small one
+    # whose own markers are mostly wrong answers better from plain text after its instructions,
+    # and verification attributes each sentence (docs/answers.md, "Prompts that fit the model").
+    citing = models.CharField(max_length=16, choices=Citing.choices, default=Citing.MODEL)
+    stop = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='Stop sequences of a request that sets none, as OpenAI\'s "stop" (at most 4): ["\\n\\n"] ends '
+        "an answer with its first paragraph.",
+    )
     abstains = models.BooleanField(
         default=True,
-        help_text="Decline, with the closest passages, when the retrieved passages do not answer the question or "
-        "nothing generated is supported by them (docs/answers.md); off: the model answers whatever was found.",
+        help_text="Decline, with the closest passages, when the retrieved passages do not answer the question; "
+        "quote them instead when nothing generated is supported by them (docs/answers.md); off: the model "
+        "answers whatever was found.",
     )
     enabled = models.BooleanField(default=True)
     fallbacks = models.ManyToManyField(
@@ -291,6 +307,9 @@ class Route(models.Model):
         ]
 
     def clean(self) -> None:
+        stop = self.stop if self.stop is not None else []
+        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+            raise ValidationError({"stop": 'stop must be a list of at most 4 non-empty strings, like ["\\n\\n"].'})
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValidationError({"top_p": f"top_p must be in (0, 1], got {self.top_p}."})
         if self.provider_id and self.max_tokens and self.max_tokens >= self.provider.context_window:

@@ -170,19 +170,22 @@ def devices_load(urls: list[str], *, max_age: float = LOAD_MAX_AGE_S, fresh: boo
     return _loads.get(list(urls), max_age, fresh)
 
 
-def device_pick(urls: list[str]) -> str:
+def device_pick(urls: list[str], *, avoid: frozenset[str] = frozenset()) -> str:
     """The device to send the next generation to: the up one with the fewest requests
     (running and waiting on its server, plus those this process sent since it last read
     that), the first listed among equals. With none up, the first device: the attempt
-    then fails with the connection's own reason, and the router retries or fails over."""
-    if len(urls) == 1:
-        return urls[0]  # nothing to choose: no reading needed
-    loads = devices_load(urls)
-    up = [load for load in loads if load.up]
-    if not up:
-        chosen = urls[0]
+    then fails with the connection's own reason, and the router retries or fails over.
+
+    ``avoid``: devices this request's earlier attempts timed out on; another one is chosen
+    while one is left (a retry of a prompt that a device could not start in time goes
+    elsewhere), else the least loaded of them."""
+    candidates = [url for url in urls if url not in avoid] or list(urls)
+    if len(candidates) == 1:
+        chosen = candidates[0]  # nothing to choose: no reading needed
     else:
-        chosen = min(up, key=lambda load: load.busy + _loads.pending(load.url)).url
+        loads = devices_load(candidates)
+        up = [load for load in loads if load.up]
+        chosen = min(up, key=lambda load: load.busy + _loads.pending(load.url)).url if up else candidates[0]
     _loads.sent(chosen)
     return chosen
 

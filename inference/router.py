@@ -218,7 +218,7 @@ def payload_for(
         "max_tokens": max_tokens if max_tokens is not None else route.max_tokens,
         "temperature": temperature if temperature is not None else route.temperature,
         "top_p": top_p if top_p is not None else route.top_p,
-        "stop": list(stop),
+        "stop": list(stop) if stop else list(route.stop or ()),
         "seed": seed,
         "workspace_id": workspace_id,
         "user_id": user_id,

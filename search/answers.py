@@ -550,6 +550,10 @@ def _verify(answer: Answer) -> None:
     answer.verification = {**verification.as_dict(), "original_text": answer.text}
     answer.text, answer.grounded = verification.text, verification.grounded
     abstains = answer.route.abstains if answer.route is not None else True
+    # Nothing supported: no claim supported (0), or no claim at all (None: a lead-in only).
+    if abstains and not verification.grounded and not verification.declined:
+        if _quoted_instead(answer, texts, collection):
+            return
     if abstains and (verification.declined or verification.grounded == 0):
         closest = sorted(answer.sources, key=lambda record: -record.get("score", 0.0))[: abstention.CLOSEST]
         closest = [
@@ -559,6 +563,44 @@ def _verify(answer: Answer) -> None:
         answer.text, answer.abstained, answer.grounded = abstention.declined_text(closest), True, None
         answer.verification["sentences"] = []
         answer.stats["closest"] = closest
+
+
+# The first line of an answer whose model wrote nothing its sources support.
+QUOTED_LEAD = "Quoted from the sources (nothing in the model's answer was supported by them):"
+
+
+def _quoted_instead(answer: Answer, texts: dict[int, str], collection: Collection | None) -> bool:
+    """The model's answer says nothing its sources support, though retrieval judged them to
+    answer the question (they passed ``search.abstention`` before it generated): their own
+    sentences answer instead, as an extractive answer does, under ``QUOTED_LEAD``. "The sources
+    do not answer" would be false here. False when they do not hold an answering sentence."""
+    sources = [
+        prompting.Source(text=texts[record["chunk_id"]], **{key: record[key] for key in _SOURCE_KEYS})
+        for record in answer.sources
+        if record["chunk_id"] in texts
+    ]
+    extractive = extractive_answer(
+        answer.question,
+        sources,
+        embedding_model=collection.embedding_model if collection else None,
+        text_search_config=collection.text_search_config if collection else None,
+        lead=QUOTED_LEAD,
+    )
+    if extractive.abstained or not extractive.extracts:
+        return False
+    answer.mode, answer.text, answer.grounded = Answer.Mode.EXTRACTIVE, extractive.text, 1.0
+    # The checked sentences are the model's (its text stays in ``original_text``), not these.
+    answer.verification["sentences"] = []
+    answer.verification["replaced_by"] = Answer.Mode.EXTRACTIVE.value
+    answer.stats["quoted_instead"] = {
+        "why": "nothing in the model's answer was supported by its sources",
+        "sentences": len(extractive.extracts),
+        "relevance": extractive.relevance,
+    }
+    return True
+
+
+_SOURCE_KEYS = ("number", "chunk_id", "document_id", "title", "start_offset", "end_offset", "score")
 
 
 def answers_reap() -> int:

@@ -224,7 +224,7 @@ class Answer(models.Model):
 
     class Mode(models.TextChoices):
         GENERATED = "generated", "Generated"
-        EXTRACTIVE = "extractive", "Extractive (no generation model serving)"
+        EXTRACTIVE = "extractive", "Extractive (the sources' own sentences)"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="answers")

@@ -35,7 +35,9 @@ Fault injection, per API key (so concurrent tests with different keys never inte
       ``Retry-After`` as given (seconds or an HTTP date); neither sends no header. The
       401 message echoes the key, as some proxies do (OpenAI masks it), so tests can check
       that clients keep keys out of their messages;
-    - ``"first_byte_delay_ms": N``: wait before sending anything, then go on;
+    - ``"first_byte_delay_ms": N``: wait before sending anything, then go on; a client that
+      closes the connection meanwhile is seen going at once (outcome "client disconnected
+      after 0 tokens", ``finished`` when it went), as an engine that aborts it would;
     - ``"token_delay_ms": N``: wait before each token chunk;
     - ``"keepalive_ms": N``: while waiting before a token chunk, send an SSE comment
       (``: keep-alive``) every N ms, as proxies and some servers do (clients skip them);
@@ -54,7 +56,8 @@ Fault injection, per API key (so concurrent tests with different keys never inte
     ``GET /_control/log?api_key=K``: ``{"requests": [...]}``, K's requests in arrival
     order, each with ``key`` (last 4 characters), ``model``, ``time`` (arrival, Unix
     seconds), ``finished`` (when the response ended), ``step`` (the step applied, "ok"
-    when none), ``outcome`` ("ok", "status 429", "cut after 3 tokens", "client
+    when none), ``host`` (the Host header: one server can play several devices by their
+    URLs), ``outcome`` ("ok", "status 429", "cut after 3 tokens", "client
     disconnected after N tokens", ...), ``stream``, ``stream_options``,
     ``speculative_config``, ``extra`` (every other non-standard body field), the sampling
     fields, ``prompt_tokens`` and ``completion_tokens`` (the server's counts for the reply it
@@ -78,6 +81,7 @@ import hashlib
 import json
 import math
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -323,6 +327,7 @@ class Handler(BaseHTTPRequestHandler):
             "model": body.get("model"),
             "time": time.time(),
             "client_port": self.client_address[1],  # which connection: a kept one repeats its port
+            "host": self.headers.get("Host"),
             "finished": None,
             "step": step,
             "outcome": None,
@@ -345,7 +350,7 @@ class Handler(BaseHTTPRequestHandler):
         sent = 0
         try:
             if options.get("first_byte_delay_ms"):
-                time.sleep(options["first_byte_delay_ms"] / 1000)
+                self._wait_unless_gone(options["first_byte_delay_ms"] / 1000)
             status = options.get("status")
             if status:
                 self._scripted_error(int(status), options, key)
@@ -435,6 +440,15 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             raise ClientGone(sent) from None
+
+    def _wait_unless_gone(self, seconds: float) -> None:
+        """Wait ``seconds`` before answering, watching the connection: a client that closes it
+        (readable, and nothing to read: its FIN) ends the wait with ``ClientGone``."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            readable, _, _ = select.select([self.connection], [], [], min(left, 0.02))
+            if readable and self.connection.recv(1, socket.MSG_PEEK) == b"":
+                raise ClientGone(0)
 
     def _pause(self, seconds: float, keepalive_ms: int | None, sent: int) -> None:
         if not keepalive_ms:

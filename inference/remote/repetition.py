@@ -10,6 +10,8 @@ is the shortest string whose repetition the tail is, found by its periodicity):
 - ``line``: whole lines of at least ``line_words`` words and ``line_chars`` characters other
   than spaces, repeated ``repeats`` times (a short line said three times; not a table row,
   nor ``}`` or ``end`` of code, which are shorter);
+- ``phrase``: a unit on one line of at least ``phrase_chars`` characters and ``phrase_words``
+  words, repeated ``phrase_repeats`` times in a row (``600-kg (1,320-kg) 600-kg (1,320-kg) ...``);
 - ``digits``: digits repeated over ``digit_run_chars`` characters (``1000000000000...``);
 - ``blank``: blank lines over ``blank_run_chars`` characters (a model that emits newlines
   until ``max_tokens``);
@@ -54,6 +56,11 @@ class Thresholds:
     repeats: int = 3  # a quoted sentence may come twice; a third copy in a row is a loop
     line_words: int = 3
     line_chars: int = 12
+    # ``phrase``: a few words said four times running (no list, table or prose does that; a
+    # fifth copy is not waited for, since a check every 16 characters may miss a run that ends).
+    phrase_chars: int = 15
+    phrase_words: int = 3
+    phrase_repeats: int = 4
     digit_run_chars: int = 40  # longer than any real number (10^12 has 12 zeros)
     blank_run_chars: int = 64
     short_run_chars: int = 200  # ~50 tokens: above separators (80 '=') and wide table rules
@@ -87,7 +94,7 @@ class Repetition:
     start_char: int  # where the repeated run begins
     period: int  # characters of the repeated unit
     repeats: int  # full copies of it in the tail when detected
-    rule: str  # span, line, digits, blank or short (the module's docstring)
+    rule: str  # span, line, phrase, digits, blank, short or counted (the module's docstring)
     chars_seen: int  # characters fed when it was detected
 
     def as_dict(self) -> dict:
@@ -154,7 +161,7 @@ class RepetitionGuard:
         return found
 
     def _periodic(self, tail: str, *, spans_only: bool = False) -> Repetition | None:
-        """The tail's loop by the period rules (span, line, digits, blank, short), if any."""
+        """The tail's loop by the period rules (span, line, phrase, digits, blank, short), if any."""
         n = len(tail)
         if n <= NEEDLE:
             return None
@@ -251,6 +258,8 @@ class RepetitionGuard:
                 and not content.startswith("|")  # a table's rows may repeat
             ):
                 return "line", copies
+        elif period >= t.phrase_chars and words >= t.phrase_words:
+            return "phrase", t.phrase_repeats * period
         if unit.isdigit():
             return "digits", max(t.digit_run_chars, copies)
         return "short", max(t.short_run_chars, copies)

@@ -133,6 +133,16 @@ def test_a_short_phrase_repeated_is_found_once_it_fills_200_characters():
     assert loop_of("Yes! " * 30) is None
 
 
+def test_a_phrase_of_a_few_words_said_four_times_running_is_found():
+    # SmolLM2-135M on the demo corpus: five copies, then on to max_tokens.
+    lead = "The Atlas-7 weighs 145 kg, with a lift height of 60 mm. It is a"
+    found = loop_of(lead + " 600-kg (1,320-kg)" * 4)
+    assert (found.rule, found.period, found.repeats) == ("phrase", len(" 600-kg (1,320-kg)"), 4)
+    assert found.cut_at_char == len(lead + " 600-kg (1,320-kg)")
+    # Three times is left alone (an emphatic "no, no, no, no" is shorter than a phrase).
+    assert loop_of(lead + " 600-kg (1,320-kg)" * 3 + " in all.") is None
+
+
 def test_eight_short_words_repeated_three_times_are_a_span():
     unit = "a b c d e f g h "  # 16 characters, 8 words
     found = loop_of("Letters: " + unit * 4)
@@ -249,10 +259,23 @@ TABLE = (
         "Lift rises with the angle of attack until the wing stalls. That is the whole rule [1].",
         # Separators, a large number, citations side by side.
         "Results\n" + "=" * 80 + "\n\nThe budget is 1000000000000 EUR [1][1][1][2].\n" + "-" * 120 + "\nEnd.",
+        # A phrase said three times, and a short one four times.
+        "It is light, it is fast, it is cheap: low weight, low weight, low weight is the point [1].",
+        "Chant it: let it be, let it be, let it be, let it be, and stop there [1].",
         # A chorus said twice.
         "Row, row, row your boat, gently down the stream.\nRow, row, row your boat, gently down the stream.\n",
     ],
-    ids=["rag-answer", "code", "table", "numbered-list", "quoted-sentence", "separators", "twice"],
+    ids=[
+        "rag-answer",
+        "code",
+        "table",
+        "numbered-list",
+        "quoted-sentence",
+        "separators",
+        "phrase-three-times",
+        "four-times",
+        "twice",
+    ],
 )
 def test_legitimate_text_is_never_cut(text):
     assert fed(pieces(text)) == (None, len(pieces(text)))

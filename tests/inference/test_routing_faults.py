@@ -125,6 +125,49 @@ def test_the_deadline_stops_retries_and_cuts_the_last_attempt(upstream_server, q
     assert elapsed < 2.5 + 2  # stopped by the deadline (with slack for a slow machine), not after 5 attempts
 
 
+def _pool_route(devices: list[str]) -> Route:
+    provider = Provider.objects.create(
+        name=unique("pool"),
+        kind=Provider.Kind.LOCAL,
+        devices=devices,
+        model="stand-in-7b",
+        first_token_timeout_s=1.0,
+        total_timeout_s=30,
+    )
+    return route_make(provider)
+
+
+def test_a_pool_attempt_that_timed_out_is_cancelled_before_its_retry(upstream_server, quick_backoff, settings):
+    # The pool's key is the stand-in's script id: one of this test's own.
+    settings.GPU_POOL_API_KEY = secret = f"pool-{uuid.uuid4().hex}"
+    upstream_script(upstream_server, secret, [{"first_byte_delay_ms": 8000}])
+
+    result, events, usage = routed(_pool_route([upstream_server]))
+
+    first, second = upstream_log(upstream_server, secret)
+    assert result["status"] == "ok" and "".join(deltas(events)) == REPLY
+    # The engine saw the first attempt go (its connection closed: vLLM aborts such a
+    # request) before the retry reached it, long before its 8 s would have passed.
+    assert first["outcome"] == "client disconnected after 0 tokens" and first["disconnected"] is True
+    assert first["finished"] <= second["time"] < first["time"] + 8
+    assert [r["kind"] for r in retries(events)] == ["timeout"]
+    assert (usage.attempts, usage.status, usage.completion_tokens) == (2, "ok", len(WORDS))
+
+
+def test_a_pool_retries_a_timed_out_prompt_on_another_device(upstream_server, quick_backoff, settings):
+    settings.GPU_POOL_API_KEY = secret = f"pool-{uuid.uuid4().hex}"
+    # Two devices of one stand-in, told apart by their URLs' hosts.
+    slow, other = upstream_server, upstream_server.replace("127.0.0.1", "localhost")
+    upstream_script(upstream_server, secret, [{"first_byte_delay_ms": 8000}])
+
+    result, events, _ = routed(_pool_route([slow, other]))
+
+    first, second = upstream_log(upstream_server, secret)
+    assert result["status"] == "ok" and "".join(deltas(events)) == REPLY
+    assert first["host"].startswith("127.0.0.1:") and first["disconnected"] is True
+    assert second["host"].startswith("localhost:") and second["outcome"] == "ok"
+
+
 def test_a_bad_request_is_not_retried(upstream_server, quick_backoff):
     provider = provider_make(upstream_server)
     _, secret = key_make(provider, "a")

@@ -4,7 +4,7 @@
 import pytest
 
 from inference import serving
-from inference.models import Route
+from inference.models import Provider, Route
 from inference.serving import PoolConfig, cpu_has_native_bf16, engine_cpu_cores, kv_cache_gib, served_dtype
 
 AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
@@ -64,3 +64,22 @@ def test_a_cpu_server_gets_its_cache_and_binding_unless_they_are_set_and_a_gpu_s
 )
 def test_the_warm_up_prompt_is_the_largest_the_route_sends(route, window, tokens):
     assert serving.warm_prompt_tokens(route, window) == tokens
+
+
+@pytest.mark.django_db
+def test_a_pool_that_up_no_longer_runs_is_disabled_and_registering_it_enables_it_again():
+    config = PoolConfig(model="/models/demo", demo=True)
+    serving.pool_register(config, ["http://127.0.0.1:8100/v1"], warming=True)
+    other = Provider.objects.create(name="hosted", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url="http://x/v1")
+    route = Route.objects.get(name="gpu-pool")
+    assert (route.is_default, route.citing, route.stop) == (True, "verifier", ["\n\n"])  # DEMO_ROUTE's
+
+    assert serving.pool_off("gpu-pool") is True
+    pool = Provider.objects.get(name="gpu-pool")
+    assert (pool.enabled, pool.warming_since) == (False, None)
+    assert Provider.objects.get(pk=other.pk).enabled is True
+    assert serving.pool_off("gpu-pool") is False  # nothing left to disable
+    assert serving.pool_off("hosted") is False  # not a pool: left as it is
+
+    serving.pool_register(config, ["http://127.0.0.1:8100/v1"])
+    assert Provider.objects.get(name="gpu-pool").enabled is True

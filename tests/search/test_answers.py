@@ -491,6 +491,106 @@ def test_an_answer_end_to_end_on_an_openai_compatible_upstream_with_citations(wo
     assert (state.spent_usd, state.reserved_usd, state.in_flight) == (record.cost_usd, 0, 0)
 
 
+def _files_by_number(answer: Answer) -> dict[int, str]:
+    names = dict(Document.objects.values_list("pk", "source_name"))
+    return {source["number"]: names[source["document_id"]] for source in answer.sources}
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_misattributed_sentence_is_reattributed_and_an_unsupported_one_flagged(workers, corpus, upstream_server):
+    workspace, _ = corpus
+    remote_provider(upstream_server, max_tokens=64)
+    reply = (
+        "Heat flux at the nose of a blunt body is given by the stagnation point formula [2]. "
+        "The wing is painted blue and weighs two tons [1]."
+    )
+    question = f"How do lift and heat flux behave at the wing and the nose?\nREPLY: {reply}"
+
+    answer = answer_create(workspace=workspace, question=question)
+    events = read_stream(answer)
+    stored = wait_for_answer(answer.pk)
+
+    assert stored.status == Answer.Status.DONE, stored.error
+    files = _files_by_number(stored)
+    assert (files[1], files[2]) == ("heat.md", "wing.md")
+    assert deltas(events) == stored.verification["original_text"] == reply
+    # The first sentence is the heat passage's, not the wing's: its marker moves there. Nothing
+    # supports the second: it keeps its marker and is flagged.
+    assert stored.text == reply.replace("formula [2]", "formula [1]")
+    assert [(c["citations"], c["action"], c["supported"]) for c in stored.verification["sentences"]] == [
+        ([1], "reattributed", True),
+        ([1], "unsupported", False),
+    ]
+    assert (stored.mode, stored.grounded, stored.abstained) == ("generated", 0.5, False)
+    assert events[-1][2] == answers.answer_record(stored)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_route_cited_by_verification_gets_plain_sources_and_its_sentences_their_markers(
+    workers, corpus, upstream_server
+):
+    workspace, _ = corpus
+    route, api_key = remote_provider(upstream_server, max_tokens=64)
+    Route.objects.filter(pk=route.pk).update(citing=Route.Citing.VERIFIER, system_prompt="Answer in one sentence:")
+    reply = "Lift rises with the angle of attack until the wing stalls."
+    question = f"When does the wing stall?\nREPLY: {reply}"
+
+    answer = answer_create(workspace=workspace, question=question)
+    stored = wait_for_answer(answer.pk)
+
+    assert stored.status == Answer.Status.DONE, stored.error
+    wing = {file: number for number, file in _files_by_number(stored).items()}["wing.md"]
+    assert stored.text == f"{reply.removesuffix('.')} [{wing}]."
+    assert [(c["citations"], c["action"]) for c in stored.verification["sentences"]] == [([wing], "added")]
+    # The upstream got the instructions with the sources as plain text, and the question alone.
+    sources = [
+        Source(s["number"], s["chunk_id"], s["document_id"], s["title"], Chunk.objects.get(pk=s["chunk_id"]).text,
+               s["start_offset"], s["end_offset"], s["score"])
+        for s in stored.sources
+    ]  # fmt: skip
+    messages = answer_messages(question, sources, "Answer in one sentence:", citing="verifier")
+    context = "\n\n".join(f"{source.title}\n{source.text}" for source in sources)
+    assert messages == [
+        {"role": "system", "content": f"Answer in one sentence:\n\n{context}"},
+        {"role": "user", "content": question},
+    ]
+    [seen] = upstream_log(upstream_server, api_key)
+    assert seen["prompt_tokens"] == sum(len(m["content"].split()) for m in messages)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_generated_answer_that_nothing_supports_is_answered_with_the_sources_own_sentences(
+    workers, corpus, upstream_server
+):
+    workspace, _ = corpus
+    remote_provider(upstream_server, max_tokens=64)
+    reply = "The moon is made of green cheese [1]."
+    question = f"When does the wing stall?\nREPLY: {reply}"
+
+    answer = answer_create(workspace=workspace, question=question)
+    events = read_stream(answer)
+    stored = wait_for_answer(answer.pk)
+
+    assert stored.status == Answer.Status.DONE, stored.error
+    wing = {file: number for number, file in _files_by_number(stored).items()}["wing.md"]
+    # Retrieval found the answer; the model did not say it. The answer quotes the sources (and
+    # says so) rather than claim they do not answer.
+    assert stored.text.split("\n")[0] == answers.QUOTED_LEAD
+    assert f"- Lift rises with the angle of attack until the wing stalls. [{wing}]" in stored.text.split("\n")
+    assert (stored.mode, stored.abstained, stored.grounded) == ("extractive", False, 1.0)
+    assert [c["number"] for c in stored.citations][:1] == [wing]
+    assert stored.verification["original_text"] == deltas(events) == reply
+    assert (stored.verification["replaced_by"], stored.verification["sentences"]) == ("extractive", [])
+    assert stored.stats["quoted_instead"]["why"] == "nothing in the model's answer was supported by its sources"
+    assert events[-1][2] == answers.answer_record(stored)
+    # What the model generated is billed all the same.
+    record = UsageRecord.objects.get(request_id=answer.pk)
+    assert (record.status, record.completion_tokens) == ("ok", len(reply.split()))
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_failed_generation_fails_the_answer_with_the_reason(workers, corpus, upstream_server):

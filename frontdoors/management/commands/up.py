@@ -33,7 +33,7 @@ from django.db import connection as database
 from inference import demo_model
 from inference.demo_model import DemoModelUnavailable
 from inference.models import Provider
-from inference.serving import EngineServer, PoolConfig, pool_register, pool_warm, pool_warming
+from inference.serving import EngineServer, PoolConfig, pool_off, pool_register, pool_warm, pool_warming
 from ragsite import embedded
 from ragsite.celery import unacked_restore
 from ragsite.env import redact_url
@@ -248,6 +248,8 @@ class Command(BaseCommand):
         """With a pool model (GPU_POOL_MODEL, "demo" by default): register the pool, warming,
         and return what its servers run, unless GPU_POOL_DEVICE_URLS says they run elsewhere."""
         if not settings.GPU_POOL_MODEL:
+            if not settings.GPU_POOL_DEVICE_URLS and pool_off(settings.GPU_POOL_NAME):
+                self.stdout.write(f"pool {settings.GPU_POOL_NAME}: off (GPU_POOL_MODEL=off); answers are extractive")
             return None
         try:
             config = PoolConfig.from_settings()

@@ -12,6 +12,8 @@ retrieve, generate and verify it. Judged per answer:
 - citation validity: the share of the text's citation markers that name a source the prompt
   gave, of the stored text and of the text as generated (before verification);
 - abstention: unanswerable questions declined, and answerable ones declined wrongly;
+- how many generated answers said nothing their sources support and were answered with the
+  sources' own sentences instead (``quoted_instead``: their mode is ``extractive``);
 - grounded share, how each generation ended (repetition, max_tokens), latency, the engine's
   acceptance figures.
 
@@ -102,6 +104,7 @@ def judge(item: dict, answer: Answer, files_by_document: dict[int, str]) -> dict
         "finish_reason": (answer.stats or {}).get("finish_reason"),
         "total_ms": (answer.timings or {}).get("total_ms"),
         "speculative": (answer.stats or {}).get("speculative"),
+        "quoted_instead": "quoted_instead" in (answer.stats or {}),
     }
     for name, text, abstained in (("", answer.text, answer.abstained), ("unverified_", original, False)):
         if answerable:
@@ -137,6 +140,8 @@ def summarise(verdicts: list[dict], model: str) -> dict:
             "answerable_declined": _share([v["abstained"] for v in answerable]),
             "grounded": _mean([v["grounded"] for v in verdicts if v["grounded"] is not None]),
             "failed": sum(v["status"] != Answer.Status.DONE for v in verdicts),
+            # Generated answers with nothing supported, answered with the sources' sentences.
+            "quoted_instead": sum(v["quoted_instead"] for v in verdicts),
             "ended_by_repetition": sum(v["finish_reason"] == "repetition" for v in verdicts),
             "ended_at_max_tokens": sum(v["finish_reason"] == "length" for v in verdicts),
             "latency_p50_ms": _percentile(latencies, 50),
@@ -183,10 +188,10 @@ class Command(DatabaseCommand):
                 workspace=workspace, question=item["question"], collections=collections, route_name=options["route"]
             )
             answer = self._wait(answer, options["timeout"])
-            if answer.mode == Answer.Mode.EXTRACTIVE:
-                models.add("extractive")
-            elif answer.route_id:  # one that abstained before any generation has no route
+            if answer.route_id:  # one that abstained before any generation has no route
                 models.add(answer.route.provider.model)
+            elif answer.mode == Answer.Mode.EXTRACTIVE:
+                models.add("extractive")
             verdict = judge(item, answer, files)
             verdicts.append(verdict)
             flags = " ".join(
