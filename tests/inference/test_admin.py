@@ -305,6 +305,8 @@ def test_a_route_keeps_its_fallbacks_in_order(admin_client, provider):
         "system_prompt": "",
         "max_sources": "8",
         "max_source_tokens": "",
+        "citing": "model",
+        "stop": "[]",
         "abstains": "on",
         "enabled": "on",
         "fallback_links-TOTAL_FORMS": "2",
