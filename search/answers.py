@@ -143,6 +143,15 @@ def answer_create(
         raise
 
 
+def _scoring(collection: Collection | None) -> dict:
+    """The embedding model and text-search language that judge sentences against a question
+    (``search.abstention``, ``search.extractive``, ``search.verification``): the collection's."""
+    return {
+        "embedding_model": collection.embedding_model if collection else None,
+        "text_search_config": collection.text_search_config if collection else None,
+    }
+
+
 def _reason(exc: Exception) -> str:
     if isinstance(
         exc,
@@ -212,8 +221,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         relevance = abstention.relevance(
             answer.question,
             sources,
-            embedding_model=first.embedding_model if first else None,
-            text_search_config=first.text_search_config if first else None,
+            **_scoring(first),
         )
         answer.timings["relevance_ms"] = _ms_since(relevance_started)
         answer.stats["relevance"] = round(relevance.score, 4)
@@ -311,8 +319,7 @@ def _answer_extractive(answer: Answer, sources, collection: Collection | None, s
     extractive = extractive_answer(
         answer.question,
         sources,
-        embedding_model=collection.embedding_model if collection else None,
-        text_search_config=collection.text_search_config if collection else None,
+        **_scoring(collection),
         lead=f"Extracted from the sources ({why}):",  # its first line says why no model wrote it
     )
     answer.timings["prompt_ms"] = _ms_since(extract_started)
@@ -544,8 +551,7 @@ def _verify(answer: Answer) -> None:
     verification = answer_verify(
         answer.text,
         passages,
-        embedding_model=collection.embedding_model if collection else None,
-        text_search_config=collection.text_search_config if collection else None,
+        **_scoring(collection),
     )
     answer.verification = {**verification.as_dict(), "original_text": answer.text}
     answer.text, answer.grounded = verification.text, verification.grounded
@@ -575,15 +581,14 @@ def _quoted_instead(answer: Answer, texts: dict[int, str], collection: Collectio
     sentences answer instead, as an extractive answer does, under ``QUOTED_LEAD``. "The sources
     do not answer" would be false here. False when they do not hold an answering sentence."""
     sources = [
-        prompting.Source(text=texts[record["chunk_id"]], **{key: record[key] for key in _SOURCE_KEYS})
+        prompting.Source.from_record(record, texts[record["chunk_id"]])
         for record in answer.sources
         if record["chunk_id"] in texts
     ]
     extractive = extractive_answer(
         answer.question,
         sources,
-        embedding_model=collection.embedding_model if collection else None,
-        text_search_config=collection.text_search_config if collection else None,
+        **_scoring(collection),
         lead=QUOTED_LEAD,
     )
     if extractive.abstained or not extractive.extracts:
@@ -598,9 +603,6 @@ def _quoted_instead(answer: Answer, texts: dict[int, str], collection: Collectio
         "relevance": extractive.relevance,
     }
     return True
-
-
-_SOURCE_KEYS = ("number", "chunk_id", "document_id", "title", "start_offset", "end_offset", "score")
 
 
 def answers_reap() -> int:

@@ -265,6 +265,11 @@ class Source:
     end_offset: int
     score: float
 
+    @classmethod
+    def from_record(cls, record: dict, text: str) -> Source:
+        """The source again from what ``Answer.sources`` kept (``as_record``) and its chunk's text."""
+        return cls(text=text, **{name: record[name] for name in _RECORD_FIELDS})
+
     def as_record(self) -> dict:
         """What ``Answer.sources`` keeps (everything but the text)."""
         return {
@@ -279,6 +284,9 @@ class Source:
 
     def left_out(self, reason: str) -> dict:
         return {"chunk_id": self.chunk_id, "document_id": self.document_id, "score": self.score, "reason": reason}
+
+
+_RECORD_FIELDS = ("number", "chunk_id", "document_id", "title", "start_offset", "end_offset", "score")
 
 
 def sources_from_hits(hits: Sequence) -> list[Source]:

@@ -30,6 +30,7 @@ from search.prompting import RemoteEstimate, Source, answer_messages, budget_for
 from search.selectors import chunk_search
 from search.services import collection_create, workspace_create
 from tests.conftest import celery_worker
+from tests.inference.routing_helpers import ledger_row
 from tests.search.files import ingest_texts as ingest
 from tests.upstream_server import upstream_log
 
@@ -417,7 +418,7 @@ def test_an_answer_end_to_end_on_a_gpu_pool(workers, corpus, asker, ngram_pool):
     assert stored.stats["speculative"]["spec_tokens"] == 4
     assert {"retrieve_ms", "prompt_ms", "submit_ms", "ttft_ms", "total_ms"} <= set(stored.timings)
     assert 0 < stored.timings["ttft_ms"] <= stored.timings["total_ms"]
-    record = UsageRecord.objects.get(request_id=answer.pk)
+    record = ledger_row(answer.pk)
     assert (record.status, record.workspace_id, record.user_id) == ("ok", workspace.pk, asker.pk)
     assert record.route_id == route.pk
 
@@ -471,18 +472,14 @@ def test_an_answer_end_to_end_on_an_openai_compatible_upstream_with_citations(wo
     assert stored.dropped_citations == 1  # [9]: the prompt gave three sources
     # What the upstream received is the prompt built from those sources, under the budget.
     [seen] = upstream_log(upstream_server, api_key)
-    sources = [
-        Source(s["number"], s["chunk_id"], s["document_id"], s["title"], Chunk.objects.get(pk=s["chunk_id"]).text,
-               s["start_offset"], s["end_offset"], s["score"])
-        for s in stored.sources
-    ]  # fmt: skip
+    sources = [Source.from_record(s, Chunk.objects.get(pk=s["chunk_id"]).text) for s in stored.sources]
     messages = answer_messages(stored.question, sources)
     assert seen["prompt_tokens"] == sum(len(m["content"].split()) for m in messages)
     assert seen["max_tokens"] == 64 and seen["outcome"] == "ok"
     assert stored.stats["context"]["prompt_tokens"] == [RemoteEstimate().messages(messages)]
     assert stored.stats["completion_tokens"] == len(CITED.split())
     assert stored.stats["provider"] == route.provider.name and stored.stats["attempts"] == 1
-    record = UsageRecord.objects.get(request_id=answer.pk)
+    record = ledger_row(answer.pk)
     assert (record.status, record.completion_tokens) == ("ok", len(CITED.split()))
     # Billed to the API key, and its budget's reservation settled to the real cost.
     assert (record.client_key_id, record.price_id) == (client_key.pk, price.pk)
@@ -545,11 +542,7 @@ def test_a_route_cited_by_verification_gets_plain_sources_and_its_sentences_thei
     assert stored.text == f"{reply.removesuffix('.')} [{wing}]."
     assert [(c["citations"], c["action"]) for c in stored.verification["sentences"]] == [([wing], "added")]
     # The upstream got the instructions with the sources as plain text, and the question alone.
-    sources = [
-        Source(s["number"], s["chunk_id"], s["document_id"], s["title"], Chunk.objects.get(pk=s["chunk_id"]).text,
-               s["start_offset"], s["end_offset"], s["score"])
-        for s in stored.sources
-    ]  # fmt: skip
+    sources = [Source.from_record(s, Chunk.objects.get(pk=s["chunk_id"]).text) for s in stored.sources]
     messages = answer_messages(question, sources, "Answer in one sentence:", citing="verifier")
     context = "\n\n".join(f"{source.title}\n{source.text}" for source in sources)
     assert messages == [
@@ -587,7 +580,7 @@ def test_a_generated_answer_that_nothing_supports_is_answered_with_the_sources_o
     assert stored.stats["quoted_instead"]["why"] == "nothing in the model's answer was supported by its sources"
     assert events[-1][2] == answers.answer_record(stored)
     # What the model generated is billed all the same.
-    record = UsageRecord.objects.get(request_id=answer.pk)
+    record = ledger_row(answer.pk)
     assert (record.status, record.completion_tokens) == ("ok", len(reply.split()))
 
 
@@ -607,7 +600,7 @@ def test_a_failed_generation_fails_the_answer_with_the_reason(workers, corpus, u
     assert stored.error.startswith(events[-1][2]["message"])
     assert stored.stats["error"]["kind"] == "bad_request"
     assert stored.text == "" and stored.citations == []
-    assert UsageRecord.objects.get(request_id=answer.pk).status == "error"
+    assert ledger_row(answer.pk).status == "error"
 
 
 @pytest.mark.slow
