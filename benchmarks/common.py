@@ -16,6 +16,7 @@ import urllib.request
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -35,6 +36,21 @@ def django_setup() -> None:
     django.setup()
 
 
+def server_url() -> str:
+    """The URL of the project's database (starting the embedded server if that is the one)."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    from ragsite import embedded
+
+    return embedded.postgres_url()
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
 @contextlib.contextmanager
 def own_databases(database: str, redis_db: int, *, keep: bool = False):
     """A PostgreSQL database of the benchmark's own on the project's server (``DATABASE_URL``,
@@ -43,8 +59,6 @@ def own_databases(database: str, redis_db: int, *, keep: bool = False):
     streams. Django is set up on them inside; the database is dropped after unless ``keep``."""
     import psycopg
     from psycopg import sql
-
-    from benchmarks.search_scale import server_url, with_database
 
     def drop(conn):
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
@@ -72,8 +86,6 @@ def own_databases(database: str, redis_db: int, *, keep: bool = False):
 
 def redis_database_url(number: int) -> str:
     """Database ``number`` of the project's Redis (the embedded server unless REDIS_URL), emptied."""
-    from urllib.parse import urlsplit, urlunsplit
-
     import redis
 
     url = os.environ.get("REDIS_URL")

@@ -55,12 +55,11 @@ import math
 import os
 import re
 import time
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 from tqdm import tqdm
 
-from benchmarks.common import CRANFIELD, django_setup, report
+from benchmarks.common import CRANFIELD, django_setup, report, server_url, with_database
 
 DATABASE = "ragsite_bench_scale"
 MODEL = "all-MiniLM-L6-v2"
@@ -77,21 +76,6 @@ _SENTENCE_END = re.compile(r"(?<=\s\.)\s+")
 
 
 # --------------------------------------------------------------------------- database
-
-
-def server_url() -> str:
-    """The URL of the project's database (starting the embedded server if that is the one)."""
-    url = os.environ.get("DATABASE_URL")
-    if url:
-        return url
-    from ragsite import embedded
-
-    return embedded.postgres_url()
-
-
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
 
 
 def database_recreate(url: str) -> None:

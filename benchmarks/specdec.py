@@ -303,7 +303,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
 
-    from inference.engine import GenerationRequest, SpeculativeConfig, generate
+    from inference.engine.speculative import GenerationRequest, SpeculativeConfig, generate
 
     demo = args.model == "demo"
     if demo:

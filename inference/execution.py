@@ -22,7 +22,6 @@ from tenacity import RetryCallState, wait_random_exponential
 from billing import ledger
 from billing.models import UsageRecord
 from inference import keypool, pool
-from inference.engine.speculative import GenerationError
 from inference.models import Provider, Route
 from inference.remote import (
     RemoteEndpoint,
@@ -33,6 +32,7 @@ from inference.remote import (
     stream_chat,
     trim_repetition,
 )
+from inference.requests import GenerationError
 from inference.secrets import SecretUnreadable
 from inference.streams import TERMINAL, PipelinedStreamWriter, StreamWriter, stream_events
 from ragsite import metrics
@@ -121,7 +121,7 @@ class Outcome:
 
 
 @dataclass
-class Budget:
+class AttemptBudget:
     """Attempts and time a request may still spend; travels in a handover."""
 
     started: float
@@ -131,7 +131,7 @@ class Budget:
     waits: int = 0
 
     @classmethod
-    def start(cls, handover: dict | None) -> Budget:
+    def start(cls, handover: dict | None) -> AttemptBudget:
         if handover:
             return cls(
                 started=float(handover["started"]),
@@ -168,7 +168,7 @@ class Routing:
         self.payload = payload
         self.writer = writer
         handover = payload.get("handover") or None
-        self.budget = Budget.start(handover)
+        self.budget = AttemptBudget.start(handover)
         self.events = int(handover["events"]) if handover else 0
         self.handover_chain = list(handover["chain"][1:]) if handover else None
         # A pool chosen for the request's speculative options (``router.provider_for_speculation``)

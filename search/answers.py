@@ -230,7 +230,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
 
     prompt_started = time.perf_counter()
     try:
-        budget = prompting.budget_for(plan.route, max_tokens=max_tokens)
+        budget = prompting.prompt_budget_for(plan.route, max_tokens=max_tokens)
         prompt = prompting.prompt_plan(answer.question, sources, budget, plan.route.system_prompt)
     except prompting.PromptTooLong as exc:
         raise AnswerError(exc.field, str(exc)) from None
@@ -704,7 +704,7 @@ def answer_map_collect(*, answer_id, index: int, result) -> bool:
                 for record in answer.sources
             ]
             try:
-                budget = prompting.budget_for(answer.route, max_tokens=state["max_tokens"])
+                budget = prompting.prompt_budget_for(answer.route, max_tokens=state["max_tokens"])
                 request, dropped = prompting.reduce_request(
                     answer.question, notes, sources, budget, answer.route.system_prompt
                 )

@@ -23,7 +23,7 @@ import numpy as np
 from django.conf import settings
 from django.core.cache import cache
 
-from inference.engine.hardware import cpu_has_bf16
+from inference.hardware import cpu_has_bf16
 from ragsite import metrics
 
 logger = logging.getLogger(__name__)

@@ -189,7 +189,7 @@ def _local_tokenizer_and_window(model: str) -> tuple[object, int | None]:
 
 
 @dataclass(frozen=True)
-class Budget:
+class PromptBudget:
     """What a request may hold: ``prompt tokens <= window - max_tokens - margin``."""
 
     window: int
@@ -205,11 +205,11 @@ class Budget:
     def prompt_limit(self) -> int:
         return self.window - self.max_tokens - self.margin
 
-    def with_max_tokens(self, max_tokens: int) -> Budget:
+    def with_max_tokens(self, max_tokens: int) -> PromptBudget:
         return replace(self, max_tokens=max_tokens)
 
 
-def budget_for(route, *, max_tokens: int | None = None) -> Budget:
+def prompt_budget_for(route, *, max_tokens: int | None = None) -> PromptBudget:
     """The budget of a request on ``route`` (its provider's window and tokenizer)."""
     provider = route.provider
     max_tokens = int(max_tokens if max_tokens is not None else route.max_tokens)
@@ -234,7 +234,7 @@ def budget_for(route, *, max_tokens: int | None = None) -> Budget:
             f"max_tokens ({max_tokens}) leaves no room for a prompt in {provider.name}'s context window of "
             f"{window} tokens (safety margin {margin})",
         )
-    return Budget(
+    return PromptBudget(
         window=window,
         max_tokens=max_tokens,
         margin=margin,
@@ -387,7 +387,7 @@ class PromptPlan:
     strategy: str  # "single" or "map_reduce"
     sources: list[Source]  # the numbered sources given, 1..n
     requests: list[PromptRequest]
-    budget: Budget
+    budget: PromptBudget
     left_out: list[dict] = field(default_factory=list)
 
     def context_record(self) -> dict:
@@ -406,7 +406,7 @@ class PromptPlan:
         return record
 
 
-def prompt_plan(question: str, sources: Sequence[Source], budget: Budget, system_prompt: str = "") -> PromptPlan:
+def prompt_plan(question: str, sources: Sequence[Source], budget: PromptBudget, system_prompt: str = "") -> PromptPlan:
     """Pack ``sources`` (best first) into the budget; map-reduce when one cannot fit alone."""
     count = budget.counter.messages
     limit = budget.prompt_limit
@@ -491,7 +491,7 @@ def source_shortened(source: Source, question: str, max_tokens: int, counter: To
     return replace(source, text="\n".join(parts[i] for i in sorted(kept)))
 
 
-def _map_reduce_plan(question: str, sources: Sequence[Source], budget: Budget, system_prompt: str) -> PromptPlan:
+def _map_reduce_plan(question: str, sources: Sequence[Source], budget: PromptBudget, system_prompt: str) -> PromptPlan:
     count = budget.counter.messages
     sources = renumbered(sources)
     # Room for the notes in the reduce request, then what each map may write.
@@ -555,7 +555,7 @@ def _map_reduce_plan(question: str, sources: Sequence[Source], budget: Budget, s
 
 
 def reduce_request(
-    question: str, notes: Sequence[str], sources: Sequence[Source], budget: Budget, system_prompt: str = ""
+    question: str, notes: Sequence[str], sources: Sequence[Source], budget: PromptBudget, system_prompt: str = ""
 ) -> tuple[PromptRequest, int]:
     """The reduce request from the map notes (in map order); notes that say nothing relevant
     are left out, and the last ones are dropped if they do not fit. Returns the request and

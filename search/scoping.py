@@ -14,6 +14,16 @@ from django.db.models import Model, QuerySet
 from search.models import Workspace
 
 
+def workspaces_visible_to(user) -> QuerySet:
+    """The workspaces a logged-in user reads, the same in the browser UI and the REST API
+    (session auth): their memberships; a superuser (the operator who set the system up) has
+    them all, so that a fresh install's first administrator searches the demo corpus at once.
+    An API key reads its own workspace only, whoever created it (docs/api.md)."""
+    if user.is_superuser:
+        return Workspace.objects.all()
+    return Workspace.objects.filter(memberships__user=user)
+
+
 def in_workspaces(model: type[Model], workspaces: Workspace | int | Iterable[Workspace | int]) -> QuerySet:
     """``model``'s rows that belong to ``workspaces``: one workspace (or its id), several, or a
     queryset of workspaces (then a subquery: no extra round trip)."""

@@ -460,6 +460,10 @@ class _Evidence:
     names: frozenset[str]
     values: frozenset[str]
     tokens: frozenset[str]
+    # A claim's: its words (``_fallback_terms``, numbers left out) and values. A passage's:
+    # for each value, the terms of the units (sentences, lines, table rows) that hold it.
+    terms: frozenset[str] = frozenset()
+    value_terms: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 def _fallback_terms(text: str) -> set[str]:
@@ -475,7 +479,24 @@ def _lexemes(texts: list[str], config: str | None) -> list[set[str]]:
     return [set(row) for row in texts_lexemes(texts, config)]
 
 
-def _evidence(texts: list[str], content_texts: list[str], config: str | None) -> list[_Evidence]:
+def _unit_terms(text: str) -> frozenset[str]:
+    return frozenset(term for term in _fallback_terms(text) if not term.isdigit()) | _values(text)
+
+
+def _value_terms(text: str) -> dict[str, frozenset[str]]:
+    """For each value of ``text``, the terms of the units that hold it: a value is stated of
+    what stands beside it (a table row, a list item, a sentence), not of the whole passage."""
+    found: dict[str, set[str]] = {}
+    for unit in passage_units(text):
+        terms = _unit_terms(unit)
+        for value in _values(unit):
+            found.setdefault(value, set()).update(terms)
+    return {value: frozenset(terms - {value}) for value, terms in found.items()}
+
+
+def _evidence(texts: list[str], content_texts: list[str], config: str | None, *, claims: int = 0) -> list[_Evidence]:
+    """The first ``claims`` texts are claims (their terms kept), the rest passages (the
+    context of each of their values kept)."""
     lexeme_sets = _lexemes(content_texts, config)
     return [
         _Evidence(
@@ -483,8 +504,10 @@ def _evidence(texts: list[str], content_texts: list[str], config: str | None) ->
             names=frozenset(_names(text)),
             values=frozenset(_values(text)),
             tokens=frozenset(_tokens(text)),
+            terms=_unit_terms(text) if index < claims else frozenset(),
+            value_terms=_value_terms(text) if index >= claims else {},
         )
-        for text, lexemes in zip(texts, lexeme_sets, strict=True)
+        for index, (text, lexemes) in enumerate(zip(texts, lexeme_sets, strict=True))
     ]
 
 
@@ -513,6 +536,18 @@ class Overlap:
         return (self.names - self.names_found) / self.names if self.names else 0.0
 
 
+def _value_found(value: str, claim: _Evidence, passage: _Evidence) -> bool:
+    """The passage states ``value`` of what the claim says: a unit holding it shares another
+    of the claim's terms. "The per-diem in Zürich is €28" read from the row "Germany | €52 |
+    €28" is not found, though the passage holds "28". A claim with nothing but the value, or
+    a value the passage's units do not show (split differently), is found by presence alone."""
+    if value not in passage.values:
+        return False
+    context = passage.value_terms.get(value)
+    others = claim.terms - {value}
+    return context is None or not others or bool(others & context)
+
+
 def _overlap(claim: _Evidence, passage: _Evidence) -> Overlap:
     return Overlap(
         words=len(claim.lexemes),
@@ -520,16 +555,22 @@ def _overlap(claim: _Evidence, passage: _Evidence) -> Overlap:
         names=len(claim.names),
         names_found=sum(1 for name in claim.names if name in passage.tokens or name in passage.names),
         values=len(claim.values),
-        values_found=len(claim.values & passage.values),
+        values_found=sum(1 for value in claim.values if _value_found(value, claim, passage)),
     )
 
 
 def _union(evidence: Sequence[_Evidence]) -> _Evidence:
+    value_terms: dict[str, frozenset[str]] = {}
+    for e in evidence:
+        for value, terms in e.value_terms.items():
+            value_terms[value] = value_terms.get(value, frozenset()) | terms
     return _Evidence(
         lexemes=frozenset().union(*(e.lexemes for e in evidence)),
         names=frozenset().union(*(e.names for e in evidence)),
         values=frozenset().union(*(e.values for e in evidence)),
         tokens=frozenset().union(*(e.tokens for e in evidence)),
+        terms=frozenset().union(*(e.terms for e in evidence)),
+        value_terms=value_terms,
     )
 
 
@@ -598,7 +639,9 @@ def support_table(
         return SupportTable(dense=None, overlaps=[], claims=[], passages=[])
     units = [passage_units(text) for text in passages]
     owner = np.array([index for index, group in enumerate(units) for _ in group], dtype=np.int64)
-    evidence = _evidence(claims + passages, [_content(text) for text in claims] + passages, text_search_config)
+    evidence = _evidence(
+        claims + passages, [_content(text) for text in claims] + passages, text_search_config, claims=len(claims)
+    )
     claim_evidence, passage_evidence = evidence[: len(claims)], evidence[len(claims) :]
     dense = None
     if embedding_model and claims and passages:

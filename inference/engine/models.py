@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from inference.engine.hardware import cpu_has_bf16
-from inference.engine.speculative import GenerationError
+from inference.hardware import cpu_has_bf16
+from inference.requests import GenerationError
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()

@@ -37,13 +37,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from inference.engine.models import LoadedModels, models_load
 from inference.engine.speculative import (
     METHODS,
-    GenerationError,
     GenerationRequest,
     GenerationStats,
     SpeculativeConfig,
     generate,
     validate,
 )
+from inference.requests import GenerationError
 
 logger = logging.getLogger("inference.engine.server")  # the same name under -m
 

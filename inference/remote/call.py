@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from inference.engine.speculative import GenerationError, validate_sampling
+from inference.requests import GenerationError, validate_sampling
 
 # Characters per token for the prompt estimate when the upstream reports no usage.
 CHARS_PER_TOKEN = 4

@@ -6,7 +6,8 @@ Two ways in:
   ``billing.client_keys.authenticate``): bound to the key's workspace, limited to its scopes
   (``admin`` has all);
 - a logged-in user's session (DRF's ``SessionAuthentication``, so unsafe methods need the CSRF
-  token): a member of the workspace (``search.models.Membership``), with every scope. The
+  token): a member of the workspace (``search.models.Membership``; a superuser reads every
+  workspace, as in the UI: ``search.scoping.workspaces_visible_to``), with every scope. The
   workspace is ``?workspace=<slug>`` or the ``X-Workspace`` header, else the user's only one.
 
 ``access_resolve`` decides (the DRF permission ``WorkspaceAccess`` and the async event-stream
@@ -30,6 +31,7 @@ from billing import client_keys
 from billing.models import ClientKey
 from search.api.errors import WWW_AUTHENTICATE, ApiError
 from search.models import Workspace
+from search.scoping import workspaces_visible_to
 
 Scope = ClientKey.Scope
 WORKSPACE_HEADER = "X-Workspace"
@@ -106,7 +108,7 @@ def access_resolve(*, key: ClientKey | None, user, scope: str | None, workspace_
             "No API key: send it as 'Authorization: Bearer rk_...' (create one in the admin), or log in.",
             code="missing_api_key",
         )
-    workspaces = Workspace.objects.filter(memberships__user=user).order_by("slug")
+    workspaces = workspaces_visible_to(user).order_by("slug")
     if workspace_slug is not None:
         workspace = workspaces.filter(slug=workspace_slug).first()
         if workspace is None:

@@ -29,12 +29,12 @@ from django.views.decorators.http import require_GET, require_POST
 from inference.errors import RouteUnavailable
 from search.answers import AnswerError, answer_create, answer_stream_aread
 from search.models import Answer, Chunk, Document
-from search.scoping import in_workspaces
+from search.scoping import in_workspaces, workspaces_visible_to
 from search.selectors import SearchError, chunk_search
 from search.services import DocumentRejected, document_delete, document_retry, documents_upload, source_name_clean
 from search.ui.forms import MODE_CHOICES, SearchForm, UploadForm
 from search.ui.rendering import answer_html, passage_context, sources_by_number
-from search.ui.workspaces import member_required, user_workspaces_queryset, workspace_choose
+from search.ui.workspaces import member_required, workspace_choose
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def _answer_context(answer: Answer, *, stream: bool) -> dict:
 @require_GET
 @member_required
 def answer_detail(request, answer_id):
-    answer = get_object_or_404(Answer, pk=answer_id, workspace__in=request.workspaces)
+    answer = get_object_or_404(in_workspaces(Answer, request.workspaces), pk=answer_id)
     context = _answer_context(answer, stream=answer.status not in FINAL_ANSWER_STATUSES)
     return render(request, "search/answer.html", context)
 
@@ -182,7 +182,7 @@ async def answer_events(request, answer_id):
 
 
 def _answer_visible(user, answer_id) -> bool:
-    return in_workspaces(Answer, user_workspaces_queryset(user)).filter(pk=answer_id).exists()
+    return in_workspaces(Answer, workspaces_visible_to(user)).filter(pk=answer_id).exists()
 
 
 async def _answer_event_stream(answer_id, after: str):

@@ -15,18 +15,14 @@ from django.shortcuts import render
 from django_htmx.http import HttpResponseClientRedirect
 
 from search.models import Workspace
+from search.scoping import workspaces_visible_to
 
 SESSION_KEY = "ui_workspace_id"
 
 
-def user_workspaces_queryset(user):
-    """The user's workspaces; a superuser (the operator who set the system up) has them all,
-    so that a fresh install's first administrator can search the demo corpus at once."""
-    return Workspace.objects.all() if user.is_superuser else Workspace.objects.filter(memberships__user=user)
-
-
 def user_workspaces(user) -> list[Workspace]:
-    return list(user_workspaces_queryset(user).order_by("name", "pk"))
+    """The user's workspaces (``search.scoping.workspaces_visible_to``: the API's rule too)."""
+    return list(workspaces_visible_to(user).order_by("name", "pk"))
 
 
 def workspace_choose(request, workspace: Workspace) -> None:

@@ -19,10 +19,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference.engine import GenerationRequest, GenerationStats, SpeculativeConfig, generate
 from inference.engine.models import models_load
 from inference.engine.server import server_build
-from inference.engine.speculative import GenerationError
+from inference.engine.speculative import GenerationRequest, GenerationStats, SpeculativeConfig, generate
+from inference.requests import GenerationError
 from tests.conftest import PROJECT_ROOT
 from tests.inference.tiny_models import tiny_model_save, tiny_tokenizer
 

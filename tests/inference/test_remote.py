@@ -19,7 +19,6 @@ import openai
 import pytest
 
 from billing.models import UsageRecord
-from inference.engine.speculative import GenerationError
 from inference.remote import (
     RemoteEndpoint,
     RemoteRequest,
@@ -31,6 +30,7 @@ from inference.remote import (
     stream_chat,
     transport,
 )
+from inference.requests import GenerationError
 from inference.tasks import generate_routed
 from tests.inference import routing_helpers
 from tests.upstream_server import upstream_log, upstream_reset, upstream_script

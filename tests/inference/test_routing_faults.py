@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from billing.models import UsageRecord
 from inference import canary, pool, router
-from inference.engine import GenerationRequest, GenerationStats, SpeculativeConfig, generate
 from inference.engine.models import models_load
+from inference.engine.speculative import GenerationRequest, GenerationStats, SpeculativeConfig, generate
 from inference.errors import RouteNotFound, RouteUnavailable
 from inference.execution import run_routed
 from inference.models import CanaryRelease, Provider, Route, UpstreamKey

@@ -7,8 +7,8 @@ import collections
 import pytest
 import torch
 
-from inference.engine import GenerationRequest, GenerationStats, SpeculativeConfig, generate
-from inference.engine.speculative import GenerationError
+from inference.engine.speculative import GenerationRequest, GenerationStats, SpeculativeConfig, generate
+from inference.requests import GenerationError
 from tests.inference.tiny_models import tiny_llama, tiny_tokenizer
 
 torch.set_num_threads(1)

@@ -26,7 +26,7 @@ from search import answers
 from search.answers import AnswerError, answer_create, answer_fail, answer_stream_read
 from search.extractive import LEAD
 from search.models import Answer, Chunk, Collection, Document, Membership
-from search.prompting import RemoteEstimate, Source, answer_messages, budget_for
+from search.prompting import RemoteEstimate, Source, answer_messages, prompt_budget_for
 from search.selectors import chunk_search
 from search.services import collection_create, workspace_create
 from tests.conftest import celery_worker
@@ -625,7 +625,7 @@ def test_only_the_chunks_that_fit_a_small_window_are_sent(workers, db, upstream_
     assert given and left_out
     assert sorted(given + left_out) == sorted(h.chunk_id for h in hits)  # each retrieved chunk: given or left out
     assert given == [h.chunk_id for h in hits if h.chunk_id in given]  # in rank order
-    budget = budget_for(route)
+    budget = prompt_budget_for(route)
     texts = {h.chunk_id: h for h in hits}
 
     def as_source(number, chunk_id):
@@ -707,7 +707,7 @@ def test_a_source_larger_than_the_window_is_answered_by_map_reduce(workers, db, 
     assert seen[-1]["time"] >= max(entry["finished"] for entry in seen[:-1])
     for entry, tokens in zip(seen[:-1], context["prompt_tokens"], strict=True):
         assert entry["prompt_tokens"] + entry["max_tokens"] <= 512  # never over the window
-        assert tokens + entry["max_tokens"] + budget_for(route).margin <= 512
+        assert tokens + entry["max_tokens"] + prompt_budget_for(route).margin <= 512
     assert seen[-1]["prompt_tokens"] + 64 <= 512
     # Every request is on the ledger: the maps under their own ids, the reduce under the answer's.
     generations = UsageRecord.objects.filter(kind=UsageRecord.Kind.GENERATION)

@@ -12,14 +12,14 @@ from search.prompting import (
     NO_SOURCES,
     REDUCE_SYSTEM_PROMPT,
     SYSTEM_PROMPT,
-    Budget,
+    PromptBudget,
     PromptTooLong,
     RemoteEstimate,
     Source,
     answer_messages,
-    budget_for,
     citation_markers,
     citations_resolve,
+    prompt_budget_for,
     prompt_plan,
     reduce_request,
     text_split_to_fit,
@@ -150,16 +150,16 @@ def remote_route(window: int = 4096, max_tokens: int = 512, system_prompt: str =
 
 
 def test_a_remote_budget_keeps_a_margin_of_16_tokens_and_5_percent():
-    budget = budget_for(remote_route(4096, 512))
+    budget = prompt_budget_for(remote_route(4096, 512))
     assert (budget.window, budget.max_tokens, budget.margin) == (4096, 512, 16 + 205)
     assert budget.prompt_limit == 4096 - 512 - 221
     assert budget.counter.name == "estimate"
-    assert budget_for(remote_route(4096, 512), max_tokens=100).max_tokens == 100
+    assert prompt_budget_for(remote_route(4096, 512), max_tokens=100).max_tokens == 100
 
 
 def test_max_tokens_that_leave_no_room_are_refused_naming_the_field():
     with pytest.raises(PromptTooLong) as caught:
-        budget_for(remote_route(1000, 950))
+        prompt_budget_for(remote_route(1000, 950))
     assert caught.value.field == "max_tokens"
     assert "up's context window of 1000 tokens" in str(caught.value)
 
@@ -173,7 +173,7 @@ def tiny_model_dir(tmp_path_factory):
 def test_a_local_budget_counts_with_the_models_tokenizer_within_the_models_own_window(tiny_model_dir):
     provider = Provider(name="pool", kind="local", model=tiny_model_dir, context_window=4096)
     route = Route(name="local", provider=provider, max_tokens=32)
-    budget = budget_for(route)
+    budget = prompt_budget_for(route)
     assert budget.counter.name == f"tokenizer:{tiny_model_dir}"
     assert budget.window == 300  # the model's max_position_embeddings, below the provider's 4096
     assert budget.margin == prompting.LOCAL_MARGIN_TOKENS
@@ -189,7 +189,9 @@ def test_a_local_budget_counts_with_the_models_tokenizer_within_the_models_own_w
 
 def test_a_local_budget_counts_the_chat_template_as_the_engine_server_applies_it(tmp_path):
     model = tiny_model_save(tmp_path / "templated", 1, max_positions=300, chat_template=True)
-    budget = budget_for(Route(name="local", provider=Provider(name="pool", kind="local", model=model), max_tokens=32))
+    budget = prompt_budget_for(
+        Route(name="local", provider=Provider(name="pool", kind="local", model=model), max_tokens=32)
+    )
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the wing lift"}]
     tokenizer = tiny_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -200,7 +202,7 @@ def test_a_local_budget_counts_the_chat_template_as_the_engine_server_applies_it
 
 def test_a_local_model_whose_tokenizer_cannot_be_read_here_is_estimated(tmp_path):
     provider = Provider(name="pool", kind="local", model=str(tmp_path / "missing"), context_window=2048)
-    budget = budget_for(Route(name="local", provider=provider, max_tokens=64))
+    budget = prompt_budget_for(Route(name="local", provider=provider, max_tokens=64))
     assert budget.counter.name == "estimate"
     assert budget.margin == 16 + 103
 
@@ -208,8 +210,8 @@ def test_a_local_model_whose_tokenizer_cannot_be_read_here_is_estimated(tmp_path
 # --------------------------------------------------------------------------- packing
 
 
-def words_budget(window: int, max_tokens: int = 10, margin: int = 0) -> Budget:
-    return Budget(window=window, max_tokens=max_tokens, margin=margin, counter=WordCount())
+def words_budget(window: int, max_tokens: int = 10, margin: int = 0) -> PromptBudget:
+    return PromptBudget(window=window, max_tokens=max_tokens, margin=margin, counter=WordCount())
 
 
 def bare_words(system_prompt: str = SYSTEM_PROMPT) -> int:

@@ -100,6 +100,18 @@ def test_a_wrong_number_is_unsupported_and_keeps_its_marker():
     assert (result.unsupported, result.grounded) == (1, 0.0)
 
 
+def test_a_number_read_from_another_row_of_the_table_is_unsupported():
+    """What the demo model answered in the browser: €28 is in the passage, but in Germany's
+    row (its half day); Zürich's row says €68. A value counts where it stands."""
+    assert "€28" in PASSAGES[1] and "Zürich" in PASSAGES[1]
+    result = verify("The per-diem for a full day in Zürich is €28 [1].")
+
+    assert actions(result) == [("unsupported", [1])]
+    assert result.sentences[0].support < verification.THRESHOLD
+    assert actions(verify("The per-diem for a full day in Zürich is €68 [1].")) == [("kept", [1])]
+    assert actions(verify("In Germany the half-day per-diem is €28 [1].")) == [("kept", [1])]
+
+
 def test_the_right_number_is_kept():
     result = verify("In Switzerland the full-day per-diem is €68 [1].")
 

@@ -182,6 +182,27 @@ def test_a_session_needs_membership_and_the_csrf_token(member, acme):
     assert refused.status_code == 403 and "CSRF" in error_of(refused)["message"]
 
 
+def test_a_superuser_reads_the_same_workspaces_in_the_api_as_in_the_ui(acme, other, handbook):
+    """One rule (``search.scoping.workspaces_visible_to``): a superuser with no membership has
+    every workspace, in the browser UI and through the API with their session alike."""
+    root = get_user_model().objects.create_superuser("root", "root@example.com", "pw-for-tests")
+    client = APIClient()
+    client.force_login(root)
+    page = client.get("/")
+    assert page.status_code == 200
+    ui = {workspace.slug for workspace in page.context["request"].workspaces}
+    assert ui == {"acme", "other"}
+    api = {slug for slug in ui if client.get("/api/v1/collections", {"workspace": slug}).status_code == 200}
+    assert api == ui
+    assert [item["name"] for item in client.get("/api/v1/collections", {"workspace": "acme"}).json()["results"]] == [
+        "Handbook"
+    ]
+    # Several workspaces, none named: the API asks which, as it does a member of several.
+    response = client.get("/api/v1/collections")
+    assert response.status_code == 400 and error_of(response)["code"] == "workspace_required"
+    assert client.get("/api/v1/collections", {"workspace": "nowhere"}).status_code == 404
+
+
 def test_a_bad_key_is_refused_even_with_a_session(member, acme):
     client = APIClient()
     client.force_login(member)
