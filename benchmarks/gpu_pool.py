@@ -16,7 +16,7 @@ reserved, see ``vllm_cpu_binding``)
     ``vllm_off``, ``vllm_ngram``, ``vllm_draft``: vLLM (``inference.serving``, as ``manage.py
     up`` starts it, vLLM's defaults otherwise) without speculation, with prompt-lookup n-grams
     (k = 4), with the draft model (k = 4). These four are served through the product's path:
-    ``inference.router.plan`` and ``router.submit`` (the web tier's two calls, no ``link``),
+    ``inference.router.plan`` and ``router.submit`` (the web tier's two calls, no ``outcome_to``),
     the message on queue ``gpu``, a real Celery worker (``--pool threads -c 128``) running
     ``inference.tasks.generate_routed``, which picks the device (``inference.pool.device_pick``),
     streams from it into Redis (``gen:<request_id>``) and queues the ledger row; the client

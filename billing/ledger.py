@@ -3,14 +3,21 @@
 A generation's ledger row is appended to the Redis stream ``ledger:outbox`` in the same
 ``MULTI``/``EXEC`` as its stream's terminal event (``inference.streams``): one round trip
 the worker makes anyway, and atomic with it, so a stream that ended always has its row
-queued, and a row is never queued for a stream that did not end. PostgreSQL gets the rows
-from ``usage_records_store``, after the reader already has its answer:
+queued, and a row is never queued for a stream that did not end. The same entry carries the
+generation's outcome (its text, stats or error, route and attempts) when someone waits for it:
+an answer, or one map step of a map-reduce answer. PostgreSQL gets the rows from
+``usage_records_store``, after the reader already has its stream:
 
-- ``inference.tasks.generate_routed`` drains right after its request (the row is usually
-  in the table a millisecond after the answer ends, before the task's ``link`` runs);
-- the beat task ``billing.tasks.ledger_drain`` drains every 15 s and takes over rows that
-  a drainer read but never stored (it died, or PostgreSQL was down), once they have been
-  pending ``LEDGER_CLAIM_IDLE_S``.
+- the task ``billing.tasks.ledger_drain`` on queue ``default``, sent by the generation task
+  as it ends (``inference.tasks``), stores the row, then hands the outcome to its consumer
+  (``outcome_consumer``: the answer is finalized there), and acknowledges the entry
+  only after both have committed;
+- the beat sends the same task every 15 s, which also takes over entries that a drainer
+  read but never acknowledged (it died, PostgreSQL was down, a consumer failed), once they
+  have been pending ``LEDGER_CLAIM_IDLE_S`` (``XAUTOCLAIM``).
+
+A generation's end therefore travels once, in one entry, to one consumer: docs/architecture.md,
+"Where a generation's end goes".
 
 Each row is priced when stored, at its own time (``created_at``, when the request ended):
 ``billing.pricing``; the cost and the price used are stored with it, NULL when the model
@@ -38,6 +45,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import redis
@@ -57,10 +65,64 @@ GROUP = "ledger-writers"
 BATCH = 500
 
 
-def outbox_command(row: dict) -> bytes:
+def outbox_command(row: dict, outcome: dict | None = None) -> bytes:
     """The ``XADD`` that queues ``row`` (``UsageRecord`` attnames to JSON values), in the
-    Redis protocol, for a pipelined writer to send with the stream's terminal event."""
-    return resp_command(b"XADD", OUTBOX.encode(), b"*", b"row", json.dumps(row).encode())
+    Redis protocol, for a pipelined writer to send with the stream's terminal event; with
+    the generation's ``outcome`` when someone waits for it (``outcome["to"]``, see
+    ``outcome_consumer``)."""
+    fields = [b"row", json.dumps(row).encode()]
+    if outcome is not None:
+        fields += [b"outcome", json.dumps(outcome).encode()]
+    return resp_command(b"XADD", OUTBOX.encode(), b"*", *fields)
+
+
+# Who takes a generation's outcome once its ledger row is stored, by ``outcome["to"]["kind"]``:
+# the module that asks for generations registers its consumer when it is imported (as a Celery
+# task registers itself; every worker imports the apps' task modules), so that billing, below
+# it, calls it without importing it.
+_OUTCOME_CONSUMERS: dict[str, Callable[[dict], None]] = {}
+
+
+def outcome_consumer(kind: str):
+    """Decorator: ``consumer(outcome)`` takes the outcomes addressed to ``kind``, after their
+    rows are committed; it must be idempotent (an entry is taken again when its drainer died
+    before the ``XACK``) and raise only for a failure worth retrying (the entry stays pending
+    and is claimed again after ``LEDGER_CLAIM_IDLE_S``)."""
+
+    def register(consumer: Callable[[dict], None]) -> Callable[[dict], None]:
+        _OUTCOME_CONSUMERS[kind] = consumer
+        return consumer
+
+    return register
+
+
+def _outcomes_deliver(entries: list[tuple[bytes, dict]]) -> list[bytes]:
+    """Hand each entry's outcome to its consumer; the ids of the entries done with (no
+    outcome, or delivered). One addressed to no consumer this process knows stays pending,
+    logged: a process that imports it takes it at the next claim."""
+    done = []
+    for entry_id, fields in entries:
+        raw = fields.get(b"outcome")
+        if raw is None:
+            done.append(entry_id)
+            continue
+        outcome = json.loads(raw)
+        kind = (outcome.get("to") or {}).get("kind")
+        consumer = _OUTCOME_CONSUMERS.get(kind)
+        if consumer is None:
+            logger.error(
+                "outcome of request %s addressed to %r, which this process does not take; left pending",
+                outcome.get("request_id"),
+                kind,
+            )
+            continue
+        try:
+            consumer(outcome)
+        except Exception:
+            logger.exception("outcome of request %s not taken; it is claimed again later", outcome.get("request_id"))
+            continue
+        done.append(entry_id)
+    return done
 
 
 def usage_record_queue(row: dict, client: redis.Redis | None = None) -> None:
@@ -287,11 +349,14 @@ def usage_records_store(*, claim_idle_ms: int | None = None, batch: int = BATCH,
         except REFUSED:  # find the refused row, store the others
             inserted += _store_each(parsed, client)
         _settle([row for _, row in parsed if row.get("admission")])
-        ids = [entry_id for entry_id, _ in entries]
-        pipe = client.pipeline(transaction=False)
-        pipe.xack(OUTBOX, GROUP, *ids)
-        pipe.xdel(OUTBOX, *ids)
-        pipe.execute()
+        ids = _outcomes_deliver(entries)  # after the rows' commit: a consumer finds its row stored
+        if ids:
+            pipe = client.pipeline(transaction=False)
+            pipe.xack(OUTBOX, GROUP, *ids)
+            pipe.xdel(OUTBOX, *ids)
+            pipe.execute()
+        if len(ids) < len(entries):
+            break  # an outcome left pending: it waits for the claim, not for this loop
     return inserted
 
 

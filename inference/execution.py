@@ -102,13 +102,15 @@ class Outcome:
     first_token_at: float | None = None
 
     def result(self, request_id: str, payload: dict) -> dict:
-        """``text``: what to store. A generation cut for repeating itself streamed its loop
-        (readers have seen it); its stored text keeps the loop's first copy only
-        (``stats["repetition"]["cut_at_char"]``; docs/routing.md, "Generations that repeat
-        themselves")."""
+        """What the generation did, for whoever waits for it (``payload["outcome_to"]``,
+        ``to`` here; it travels in the ledger entry: ``billing.ledger``). ``text``: what to
+        store. A generation cut for repeating itself streamed its loop (readers have seen
+        it); its stored text keeps the loop's first copy only (``stats["repetition"]
+        ["cut_at_char"]``; docs/routing.md, "Generations that repeat themselves")."""
         text = "".join(self.text)
         return {
             "request_id": request_id,
+            "to": payload.get("outcome_to"),
             "status": "error" if self.error else "ok",
             "text": text if self.error else trim_repetition(text, self.stats),
             "stats": self.stats,
@@ -118,6 +120,13 @@ class Outcome:
             "arm": payload.get("arm") or "",
             "attempts": self.attempts,
         }
+
+
+def _outbox_entry(request_id: str, payload: dict, outcome: Outcome) -> tuple[bytes, dict]:
+    """The ledger row and, when someone waits for it, the outcome: one entry (``billing.ledger``)."""
+    result = outcome.result(request_id, payload)
+    row = ledger_row(request_id, payload, outcome)
+    return ledger.outbox_command(row, result if result["to"] else None), row
 
 
 @dataclass
@@ -515,9 +524,9 @@ def _run(request_id: str, payload: dict, writer: PipelinedStreamWriter) -> dict:
             "message": f"generation failed: {type(exc).__name__}",
             "attempts": outcome.attempts,
         }
-    # The ledger row goes with the terminal event, atomically (billing.ledger).
-    row = ledger_row(request_id, payload, outcome)
-    writer.end_with(ledger.outbox_command(row))
+    # The ledger row and the outcome go with the terminal event, atomically (billing.ledger).
+    entry, row = _outbox_entry(request_id, payload, outcome)
+    writer.end_with(entry)
     if outcome.error:
         routing.write("error", **outcome.error)
     else:
@@ -575,10 +584,11 @@ def ledger_row(request_id: str, payload: dict, outcome: Outcome) -> dict:
 
 
 def lost_generation_end(request_id: str, payload: dict, reason: str) -> bool:
-    """End the stream and queue the ledger row of a request whose pool process died (run by
-    the worker's parent): a terminal ``error`` of kind ``worker_lost`` and a row with status
-    error and the tokens the stream holds, in one ``MULTI``/``EXEC``. False when the stream
-    had already ended: the process died after its terminal event, whose row went with it."""
+    """End the stream and queue the ledger row and outcome of a request whose pool process
+    died (run by the worker's parent): a terminal ``error`` of kind ``worker_lost``, a row with
+    status error and the tokens the stream holds, and the outcome (that text, that error) for
+    whoever waits, in one ``MULTI``/``EXEC``. False when the stream had already ended: the
+    process died after its terminal event, whose row and outcome went with it."""
     writer = PipelinedStreamWriter(request_id)
     try:
         if writer.history()[1] in TERMINAL:
@@ -594,8 +604,8 @@ def lost_generation_end(request_id: str, payload: dict, reason: str) -> bool:
             attempts=max(1, int(handover.get("attempts") or 0)),
             started=float(handover.get("started") or time.time()),
         )
-        row = ledger_row(request_id, payload, outcome)
-        writer.end_with(ledger.outbox_command(row))
+        entry, row = _outbox_entry(request_id, payload, outcome)
+        writer.end_with(entry)
         writer.write("error", **error)
         metrics.generation_observed(row)
         return True

@@ -202,6 +202,7 @@ def payload_for(
     admission: dict | None = None,
     speculative: dict | None = None,
     provider: Provider | None = None,
+    outcome_to: dict | None = None,
 ) -> dict:
     """The task's payload: ids and the request, the route's defaults where the request is silent.
 
@@ -230,10 +231,12 @@ def payload_for(
         # The web request's X-Request-ID (ragsite/logs.py): the ledger row keeps it even when the
         # row is written by a dead worker's parent, which runs no task of this request.
         "trace_id": current_request_id(),
+        # Who takes the outcome (``submit``); it travels with the ledger row (billing.ledger).
+        "outcome_to": outcome_to,
     }
 
 
-def submit(plan: Plan, *, link=None, link_error=None, **request) -> None:
+def submit(plan: Plan, **request) -> None:
     """Enqueue the generation (``request``: the keyword arguments of ``payload_for`` but
     ``provider``, chosen here for the request's speculative options).
 
@@ -242,10 +245,9 @@ def submit(plan: Plan, *, link=None, link_error=None, **request) -> None:
     Raises ``RouteUnavailable`` (with ``retry_after_s``) before enqueueing when every key
     that could serve is cooling down or disabled: the API answers 503 with ``Retry-After``.
 
-    ``link``: a Celery signature called with the task's result dict (see
-    ``inference.tasks.generate_routed``) once the generation has ended, however it ended.
-    ``link_error``: a signature Celery calls (with the task id first) when the task itself
-    failed: its pool process died or hit the hard time limit, so ``link`` never runs.
+    ``outcome_to`` (``{"kind", ...}``): who takes the generation's outcome once it has ended,
+    however it ended (its pool process dead, its worker lost): the ledger's drain hands it to
+    the consumer registered for that kind (``billing.ledger.outcome_consumer``).
     """
     check_available(plan.route, key_usable=plan.key_usable)
     options = request.get("speculative")
@@ -256,4 +258,4 @@ def submit(plan: Plan, *, link=None, link_error=None, **request) -> None:
         backpressure.pool_admit(serving)
     # Overload: QueueFull (a RouteUnavailable: 503, Retry-After) when the queue is at its bound.
     with backpressure.queue_slot(queue):
-        generate_routed.apply_async((plan.request_id, payload), queue=queue, link=link, link_error=link_error)
+        generate_routed.apply_async((plan.request_id, payload), queue=queue)

@@ -17,7 +17,7 @@ from celery import Task, shared_task
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure
 
-from billing import ledger
+from billing.tasks import ledger_drain
 from inference.canary import analyse_releases
 from inference.execution import lost_generation_end, run_routed
 from inference.streams import TERMINAL, StreamWriter
@@ -30,9 +30,9 @@ logger = logging.getLogger(__name__)
 # second answer (and bill it twice). When the process running it dies, the worker's parent
 # ends the stream with an error instead (``_end_stream_of_lost_generation``).
 #
-# Its result goes to ``submit``'s ``link``, never through the result backend: storing it would
-# keep the answer's text in Redis for result_expires, and cost a round trip when the task starts
-# (STARTED), another when it ends and a subscription per call.
+# Its outcome travels in its ledger entry (``billing.ledger``), never through the result
+# backend: storing it there would keep the answer's text in Redis for result_expires, and cost
+# a round trip when the task starts (STARTED), another when it ends and a subscription per call.
 GENERATION_TASK_OPTIONS = {"acks_late": True, "reject_on_worker_lost": False, "ignore_result": True}
 
 
@@ -54,13 +54,15 @@ class _RedactedArgsTask(Task):
 )
 def generate_routed(self, request_id: str, payload: dict) -> dict:
     """A generation on a route (``inference.router.submit``): keys, retries and failover,
-    the stream ``gen:<request_id>``, one ledger row. Sent to queue ``gpu`` for the local
-    pool and ``remote`` for an upstream; returns ``Outcome.result`` (text, stats, error,
-    route, provider, arm, attempts), which ``submit``'s ``link`` receives.
+    the stream ``gen:<request_id>``, one ledger entry (the row, and the outcome for
+    ``payload["outcome_to"]``). Sent to queue ``gpu`` for the local pool and ``remote`` for
+    an upstream; returns ``Outcome.result``, what the entry carries (text, stats, error,
+    route, provider, arm, attempts): no result is stored (``ignore_result``), and the
+    worker's log line withholds it (``ragsite.logs``).
 
     When the request must go on on the other queue (a fallback route on the local pool,
     reached from the remote worker, or the reverse), this task is replaced by one on that
-    queue with the same id, the attempt state in its payload, and the same ``link``."""
+    queue with the same id and the attempt state in its payload."""
     writer = StreamWriter(request_id)
     handover = payload.get("handover") or {}
     expected = int(handover.get("events", 0))
@@ -69,7 +71,7 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
     # broker's visibility timeout) finds its stream already started. It is never run twice:
     # the stream may hold tokens a reader has shown, and a second answer would be billed twice.
     if last in TERMINAL:
-        return {"skipped": "already finished"}
+        return {"request_id": request_id, "status": "skipped: already finished"}
     if events > expected:  # ``expected``: the events a handover found there, not a restart
         # Mid-stream: end the stream and queue the ledger row together, as the parent of a
         # dead pool process does.
@@ -80,12 +82,12 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
         return _end_after_redis_outage(request_id, payload, exc)
     if result.get("status") == "handed_over":
         return self.replace(generate_routed.signature((request_id, result["payload"]), queue=result["queue"]))
-    _ledger_drain_after(request_id)
+    _ledger_drain_soon(request_id)
     return result
 
 
 # How long a generation that lost Redis mid-stream waits for it to come back, to end its
-# stream and queue its ledger row (then its answer is stored by the task's link).
+# stream and queue its ledger entry (then the drain stores its answer).
 REDIS_OUTAGE_WAIT_S = 120.0
 
 
@@ -106,8 +108,8 @@ def _end_after_redis_outage(request_id: str, payload: dict, exc: Exception) -> d
             time.sleep(1.0)
     reason = f"Redis, which holds the answer's stream, was unreachable during the generation ({type(exc).__name__})"
     lost_generation_end(request_id, payload, reason)
-    _ledger_drain_after(request_id)
-    return {"error": "redis_unreachable"}
+    _ledger_drain_soon(request_id)
+    return {"request_id": request_id, "status": "error: redis_unreachable"}
 
 
 def _interrupted_routed_end(request_id: str, payload: dict, events: int) -> dict:
@@ -117,19 +119,19 @@ def _interrupted_routed_end(request_id: str, payload: dict, events: int) -> dict
         f"{'s' if events != 1 else ''} and the message came back to another worker"
     )
     lost_generation_end(request_id, payload, reason)
-    _ledger_drain_after(request_id)
-    return {"error": "interrupted"}
+    _ledger_drain_soon(request_id)
+    return {"request_id": request_id, "status": "error: interrupted"}
 
 
-def _ledger_drain_after(request_id: str) -> None:
-    """Store the ledger rows queued so far (this request's, usually alone; one batch at
-    most, so that a backlog never holds this task up for long), now that its reader has the
-    answer; before the task's ``link`` runs, so that what follows the answer finds the row.
-    A failure leaves the rows queued for the beat's drain."""
+def _ledger_drain_soon(request_id: str) -> None:
+    """Send the drain (``billing.tasks.ledger_drain``, queue ``default``) that stores this
+    request's ledger row and hands its outcome to whoever waits (the answer is finalized
+    there, off this worker: verifying citations embeds, and a remote worker loads no model).
+    A failure to send leaves the entry queued for the beat's drain, within 15 s."""
     try:
-        ledger.usage_records_store(max_batches=1)
+        ledger_drain.delay()  # billing.tasks.* go to queue default (ragsite.celery.TASK_ROUTES)
     except Exception:
-        logger.exception("ledger rows could not be stored after request %s; the beat's drain retries", request_id)
+        logger.exception("the drain after request %s was not sent; the beat's drain takes its entry", request_id)
 
 
 @task_failure.connect
@@ -138,7 +140,7 @@ def _end_stream_of_lost_generation(sender=None, task_id=None, exception=None, ar
     host memory, a crash in native code) or hit the hard time limit: the request's stream
     gets its terminal ``error`` so that its reader stops waiting, nothing is retried, and a
     routed request still gets its ledger row (the tokens its stream holds), so that nothing
-    served goes unbilled. (``submit``'s ``link_error`` tells the caller, e.g. the answer.)"""
+    served goes unbilled, and its outcome, so that the answer waiting for it fails at once."""
     name = getattr(sender, "name", None)  # shared_task gives proxies: compare by name
     if name != generate_routed.name or not args:
         return
@@ -149,10 +151,10 @@ def _end_stream_of_lost_generation(sender=None, task_id=None, exception=None, ar
     else:
         return
     if len(args) > 1:
-        # The terminal event and the ledger row (the tokens its stream holds) together.
+        # The terminal event, the ledger row (the tokens its stream holds) and the outcome together.
         try:
             lost_generation_end(args[0], args[1], reason)
-            ledger.usage_records_store()
+            _ledger_drain_soon(args[0])
             return
         except Exception:  # the stream must still end; the row's failure is logged, not raised
             logger.exception("the ledger row of lost generation %s could not be queued or stored", args[0])

@@ -24,13 +24,15 @@ BEAT_SCHEDULE = {
         "schedule": 60.0,
         "options": {"expires": 60},
     },
-    # Ends answers left unfinished an hour after they were asked (search/answers.py answers_reap).
+    # Fails answers whose generation's message was lost, an hour after they were asked
+    # (search/answers.py answers_reap; every other end comes through the ledger's drain).
     "answers-reap": {
         "task": "search.tasks.answers_reap",
         "schedule": 300.0,
         "options": {"expires": 300},
     },
-    # Stores queued usage-ledger rows that no generation task stored (billing/ledger.py).
+    # Stores queued usage-ledger rows and hands their outcomes to the answers waiting, taking
+    # over entries a drainer read and never acknowledged (billing/ledger.py).
     "ledger-drain": {
         "task": "billing.tasks.ledger_drain",
         "schedule": 15.0,

@@ -81,8 +81,8 @@ def queue_depth(queue: str, client: redis.Redis | None = None) -> int:
 # Routing by task module: a task lands on its app's queue without every call site
 # having to remember it. Order matters: the first matching pattern wins.
 TASK_ROUTES = {
-    # Storing an answer at the end of its generation is short: it must not wait behind ingestion.
-    "search.tasks.answer_*": {"queue": Queue.DEFAULT.value},
+    # The sweep of answers whose message was lost is short: it must not wait behind ingestion.
+    "search.tasks.answers_*": {"queue": Queue.DEFAULT.value},
     "search.tasks.*": {"queue": Queue.INGEST.value},
     # Canary analysis is a short database job: it must not wait behind generations on gpu.
     "inference.tasks.canary_analyse": {"queue": Queue.DEFAULT.value},

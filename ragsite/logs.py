@@ -14,7 +14,7 @@
 - ``install_celery_hooks``: the request id rides in the headers of every task published while
   one is current (``before_task_publish``), and is current again while the worker runs that
   task (``task_prerun``/``task_postrun``), so the worker's lines and what the task publishes
-  (its ``link``) carry it, and a generation's ledger row stores it (``UsageRecord.trace_id``).
+  (the drain after a generation) carry it, and a generation's ledger row stores it (``UsageRecord.trace_id``).
   Celery keeps Django's ``LOGGING`` instead of installing its own handlers (``setup_logging``).
 """
 

@@ -8,10 +8,12 @@
 3. retrieves with ``chunk_search`` (hybrid) and builds the prompt within the serving
    provider's context window (``search.prompting``);
 4. submits the generation (``inference.router.submit``, queue ``gpu`` or ``remote``) with
-   ``search.tasks.answer_finalize`` linked to it, and returns the answer (``generating``).
+   its outcome addressed to this answer, and returns the answer (``generating``).
 
 The tokens stream into ``gen:<answer id>`` (``answer_stream_read``). When the generation
-ends, ``answer_finalize`` (queue ``default``) checks the text's citations against the
+ends, however it ends, its outcome comes back once, in its ledger entry: the ledger's drain
+(queue ``default``) stores the row and calls ``generation_outcome_take``, the consumer this
+module registers for answers, and ``answer_finalize`` checks the text's citations against the
 passages given (``search.verification``: invented markers removed, sentences re-attributed
 or given their citation, unsupported ones flagged; nothing supported: the answer abstains),
 stores the text, its citations, the generation stats and the timings, marks the answer
@@ -26,9 +28,10 @@ does not exist (``RouteNotFound``) or cannot serve now (``RouteUnavailable``) fa
 answer with the reason and propagates, for the API to answer 400 or 503.
 
 When one source alone is larger than the window, the answer is built by map-reduce (see
-``search.prompting``): the map requests are submitted in parallel, each linked to
-``search.tasks.answer_map_collect``; the last one in submits the reduce request under the
-answer's own id, linked to ``answer_finalize`` as usual.
+``search.prompting``): the map requests are submitted in parallel, their outcomes addressed
+to ``answer_map_collect``; the last one in submits the reduce request under the answer's own
+id, whose outcome goes to ``answer_finalize`` as usual. A map request that fails fails the
+answer at once, with its reason: an answer from part of its sources would not say so.
 """
 
 from __future__ import annotations
@@ -42,18 +45,17 @@ from datetime import timedelta
 
 import redis
 from asgiref.sync import sync_to_async
-from celery import signature
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
-from billing import limits
+from billing import ledger, limits
 from billing.limits import LimitExceeded
 from billing.models import ClientKey
 from inference import router
 from inference.errors import NoRouteConfigured, PoolWarming, RouteNotFound, RouteUnavailable, SpeculationUnavailable
 from inference.models import Route
 from inference.remote import trim_repetition
-from inference.streams import StreamWriter, stream_aread, stream_events, stream_key, stream_read
+from inference.streams import StreamWriter, stream_aread, stream_key, stream_read
 from ragsite import metrics
 from ragsite.errors import DomainError
 from ragsite.logs import request_received_at
@@ -68,10 +70,10 @@ logger = logging.getLogger(__name__)
 
 QUESTION_MAX_CHARS = 4000
 TOP_K_MAX = 50
-# How long a finalize waits, polling the stream, for a generation whose result it did not
-# receive (handed over to another queue): past this, the answer fails.
-FINALIZE_WATCH_SECONDS = 3600
-FINALIZE_WATCH_INTERVAL_S = 2.0
+# An answer still unfinished this long after it was asked lost its generation's message (a
+# Redis that lost its queue): ``answers_reap`` fails it. Every other end reaches the answer
+# through its ledger entry.
+ANSWER_LOST_AFTER_S = 3600
 # An answer's stream ends, for its readers, with the stored answer (``answer``: the text as
 # verified, its citations and each sentence's support) or an ``error``; the generation's own
 # ``stats`` comes before it.
@@ -251,14 +253,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         [request] = prompt.requests
         answer.timings["submit_ms"] = _ms_since(started)
         answer.save()
-        _submit_admitted(
-            client_key,
-            plan,
-            request,
-            link=signature("search.tasks.answer_finalize", args=(str(answer.id),)),
-            link_error=signature("search.tasks.answer_generation_lost", args=(str(answer.id),)),
-            **common,
-        )
+        _submit_admitted(client_key, plan, request, outcome_to=_to_answer(answer.id), **common)
         return answer
 
     maps = [
@@ -281,7 +276,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
             client_key,
             replace(plan, request_id=entry["request_id"]),
             request,
-            link=signature("search.tasks.answer_map_collect", args=(str(answer.id), index)),
+            outcome_to={"kind": OUTCOME_KIND, "answer_id": str(answer.id), "map": index},
             **common,
         )
     return answer
@@ -431,37 +426,6 @@ def answer_fail(answer_id, reason: str, *, end_stream: bool = False) -> None:
             writer.write("error", field=None, kind="answer_failed", message=reason)
 
 
-def _result_of(result, request_id: str) -> dict | None:
-    """``{text, stats, error}`` of a finished generation: from the task's result
-    (``Outcome.result``), else from its stream; None while it has not ended."""
-    if isinstance(result, dict) and result.get("status") in ("ok", "error") and "text" in result:
-        return {
-            "text": result.get("text") or "",
-            "stats": result.get("stats") or {},
-            "error": result.get("error") if result.get("status") == "error" else None,
-            "route": result.get("route"),
-            "provider": result.get("provider"),
-            "attempts": result.get("attempts"),
-        }
-    # A redelivered task ("skipped" / "interrupted"), a handover, anything else: the stream
-    # is the record of what the reader saw.
-    return _result_from_stream(request_id)
-
-
-def _result_from_stream(request_id: str) -> dict | None:
-    text, stats, error = [], None, None
-    for _, kind, data in stream_events(request_id):
-        if kind == "delta":
-            text.append(data.get("text", ""))
-        elif kind == "stats":
-            stats = data
-        elif kind == "error":
-            error = data
-    if stats is None and error is None:
-        return None
-    return {"text": "".join(text), "stats": stats or {}, "error": error}
-
-
 def _stream_times(request_id: str) -> tuple[float | None, float | None]:
     """Unix ms of the stream's first ``delta`` and of its last event (Redis stream ids are
     the server's clock in ms)."""
@@ -476,36 +440,77 @@ def _stream_times(request_id: str) -> tuple[float | None, float | None]:
     return first_delta, (float(last[0][0].split(b"-")[0]) if last else None)
 
 
-def answer_finalize(*, answer_id, result) -> tuple[Answer | None, bool]:
-    """Store the end of an answer's generation. Returns ``(answer, waiting)``: ``waiting``
-    when the generation has not ended yet (its result went to another queue's task) and
-    the caller should look again later. Idempotent: a finished answer is left as it is.
-    Once stored, the answer is written to its stream as its last event (``answer``)."""
-    answer, waiting, stored_now = _finalize_stored(answer_id, result)
+# Outcomes addressed to answers (``router.submit``'s ``outcome_to``): ``{"kind": OUTCOME_KIND,
+# "answer_id"}``, with ``"map": index`` for a map request of a map-reduce answer.
+OUTCOME_KIND = "answer"
+
+
+def _to_answer(answer_id) -> dict:
+    return {"kind": OUTCOME_KIND, "answer_id": str(answer_id)}
+
+
+def _outcome_read(outcome: dict) -> dict:
+    """``{text, stats, error, route, provider, attempts}`` of a generation's outcome
+    (``inference.execution.Outcome.result``)."""
+    failed = outcome.get("status") == "error"
+    return {
+        "text": outcome.get("text") or "",
+        "stats": outcome.get("stats") or {},
+        "error": (outcome.get("error") or {"message": "the generation failed"}) if failed else None,
+        "route": outcome.get("route"),
+        "provider": outcome.get("provider"),
+        "attempts": outcome.get("attempts"),
+    }
+
+
+# Failures worth taking the outcome again for: the entry stays pending and is claimed later.
+TRANSIENT_ERRORS = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError)
+
+
+@ledger.outcome_consumer(OUTCOME_KIND)
+def generation_outcome_take(outcome: dict) -> None:
+    """The consumer of outcomes addressed to answers (``billing.ledger`` calls it after the
+    generation's ledger row is stored): the answer finalized,
+    or one map request's notes collected. Idempotent. A transient database or Redis error is
+    raised (the entry is taken again later); anything else fails the answer with its reason,
+    so that no answer stays ``generating``."""
+    to = outcome.get("to") or {}
+    answer_id = to.get("answer_id")
+    try:
+        if to.get("map") is not None:
+            answer_map_collect(answer_id=answer_id, index=int(to["map"]), outcome=outcome)
+        else:
+            answer_finalize(answer_id=answer_id, outcome=outcome)
+    except TRANSIENT_ERRORS:
+        raise
+    except Exception as exc:  # a bug must not leave the answer generating for ever
+        logger.exception("answer %s: the outcome of %s could not be stored", answer_id, outcome.get("request_id"))
+        answer_fail(answer_id, f"the answer could not be stored: {type(exc).__name__}", end_stream=True)
+
+
+def answer_finalize(*, answer_id, outcome: dict) -> Answer | None:
+    """Store the end of an answer's generation (``outcome``: ``Outcome.result``). Idempotent:
+    a finished answer is left as it is. Once stored, the answer is written to its stream as
+    its last event (``answer``)."""
+    answer, stored_now = _finalize_stored(answer_id, _outcome_read(outcome))
     if stored_now:  # after the commit: a reader of the event finds the same answer stored
         _stream_end(answer.pk, answer_record(answer))
-    return answer, waiting
+    return answer
 
 
-def _finalize_stored(answer_id, result) -> tuple[Answer | None, bool, bool]:
-    """``(answer, waiting, stored_now)``: ``stored_now`` when this call stored it done."""
+def _finalize_stored(answer_id, outcome: dict) -> tuple[Answer | None, bool]:
+    """``(answer, stored_now)``: ``stored_now`` when this call stored it done."""
     with transaction.atomic():
         answer = Answer.objects.select_for_update().filter(pk=answer_id).first()
         if answer is None or answer.status in (Answer.Status.DONE, Answer.Status.FAILED):
-            return answer, False, False
-        outcome = _result_of(result, str(answer.id))
-        if outcome is None:
-            age = (timezone.now() - answer.created_at).total_seconds()
-            if age < FINALIZE_WATCH_SECONDS:
-                return answer, True, False
-            outcome = {"text": "", "stats": {}, "error": {"message": "the generation never ended"}}
+            return answer, False
         error = outcome["error"]
         # A generation cut for repeating itself keeps one copy of the loop (the stream has all).
-        answer.text = outcome["text"] if error else trim_repetition(outcome["text"], outcome["stats"] or {})
+        answer.text = outcome["text"] if error else trim_repetition(outcome["text"], outcome["stats"])
         _, answer.dropped_citations = prompting.citations_resolve(answer.text, answer.sources)
         kept = {key: answer.stats[key] for key in ("context", "map_reduce", "relevance") if key in answer.stats}
         extra = {key: outcome.get(key) for key in ("route", "provider", "attempts") if outcome.get(key) is not None}
-        answer.stats = {**(outcome["stats"] or {}), **extra, **kept}
+        answer.stats = {**outcome["stats"], **extra, **kept}
         if error:
             answer.stats["error"] = error
         else:
@@ -518,7 +523,7 @@ def _finalize_stored(answer_id, result) -> tuple[Answer | None, bool, bool]:
         answer.save()
         if not error:  # a failed generation's stream already ends with its error
             metrics.answer_checked(answer.mode, answer.grounded, answer.abstained)
-        return answer, False, not error
+        return answer, not error
 
 
 def _stream_end(answer_id, record: dict) -> None:
@@ -606,23 +611,28 @@ def _quoted_instead(answer: Answer, texts: dict[int, str], collection: Collectio
 
 
 def answers_reap() -> int:
-    """End the answers still unfinished ``FINALIZE_WATCH_SECONDS`` after they were asked: the
-    tasks that should have stored them were lost on the way (Redis unreachable when a failed
-    generation's ``link_error`` was to be sent, a broker message lost with its Redis). Each is
-    finalized from its stream: stored if its generation did end, else failed ("the generation
-    never ended"), so that no answer stays ``generating`` for ever. Beat runs it every 5
-    minutes; returns how many it ended."""
-    cutoff = timezone.now() - timedelta(seconds=FINALIZE_WATCH_SECONDS)
+    """Fail the answers still unfinished ``ANSWER_LOST_AFTER_S`` after they were asked. Every
+    generation that ends, however it ends, brings its outcome in its ledger entry, which the
+    drain takes and, should a drainer die, claims again (``billing.ledger``); what is left
+    here lost its message before any worker ran it (a Redis that lost its queue), so that
+    no answer stays ``generating`` for ever. An outcome that comes after all finds the answer
+    failed and leaves it so (its row is stored). Beat runs it every 5 minutes; returns how
+    many it failed."""
+    cutoff = timezone.now() - timedelta(seconds=ANSWER_LOST_AFTER_S)
     stale = Answer.objects.filter(
         status__in=(Answer.Status.QUEUED, Answer.Status.GENERATING), created_at__lt=cutoff
     ).values_list("pk", flat=True)
-    ended = 0
+    failed = 0
     for answer_id in list(stale[:1000]):
-        answer, waiting = answer_finalize(answer_id=answer_id, result=None)
-        if answer is not None and not waiting:
-            logger.warning("answer %s unfinished after %d s: %s", answer_id, FINALIZE_WATCH_SECONDS, answer.status)
-            ended += 1
-    return ended
+        logger.warning("answer %s unfinished after %d s: failed", answer_id, ANSWER_LOST_AFTER_S)
+        answer_fail(
+            answer_id,
+            f"the generation never ended: no outcome came in {ANSWER_LOST_AFTER_S // 60} minutes "
+            "(its message was lost before a worker ran it)",
+            end_stream=True,
+        )
+        failed += 1
+    return failed
 
 
 def _error_text(error: dict) -> str:
@@ -650,41 +660,40 @@ def _timings(answer: Answer) -> dict:
 # --------------------------------------------------------------------------- map-reduce
 
 
-def answer_map_collect(*, answer_id, index: int, result) -> bool:
-    """Store one map request's notes; the last one in submits the reduce request.
-    Returns False while that map's generation has not ended (the caller looks again)."""
+def answer_map_collect(*, answer_id, index: int, outcome: dict) -> None:
+    """Store one map request's notes (``outcome``: ``Outcome.result``); the last one in
+    submits the reduce request. A map request that failed fails the answer at once, with its
+    reason (the other maps still end, and are billed, but are not waited for). Idempotent:
+    a map already stored, or a finished answer, is left as it is."""
     submit = None
     with transaction.atomic():
         locked = Answer.objects.select_for_update(of=("self",)).select_related("route__provider")
         answer = locked.filter(pk=answer_id).first()
         if answer is None or answer.status in (Answer.Status.DONE, Answer.Status.FAILED):
-            return True
+            return
         state = answer.stats["map_reduce"]
         entry = state["maps"][index]
         if entry["status"] != "pending":
-            return True
-        outcome = _result_of(result, entry["request_id"])
-        if outcome is None:
-            if (timezone.now() - answer.created_at).total_seconds() < FINALIZE_WATCH_SECONDS:
-                return False
-            outcome = {"text": "", "stats": {}, "error": {"message": "the map request never ended"}}
-        if outcome["error"]:
-            entry.update(status="error", error=_error_text(outcome["error"]))
+            return
+        result = _outcome_read(outcome)
+        if result["error"]:
+            entry.update(status="error", error=_error_text(result["error"]))
         else:
             entry.update(
                 status="ok",
-                note=trim_repetition(outcome["text"], outcome["stats"] or {}),
-                tokens=(outcome["stats"] or {}).get("completion_tokens"),
+                note=trim_repetition(result["text"], result["stats"]),
+                tokens=result["stats"].get("completion_tokens"),
             )
         done = sum(item["status"] != "pending" for item in state["maps"])
         StreamWriter(str(answer.id)).write("progress", stage="map", done=done, total=len(state["maps"]))
-        if any(item["status"] == "pending" for item in state["maps"]):
+        failed = entry["status"] == "error"
+        if not failed and any(item["status"] == "pending" for item in state["maps"]):
             answer.save(update_fields=["stats"])
-            return True
+            return
         notes = [item["note"] for item in state["maps"] if item["status"] == "ok"]
         failure = None
-        if not notes:
-            failure = "every map request of the map-reduce failed: " + state["maps"][0].get("error", "")
+        if failed:
+            failure = f"map request {index + 1} of {len(state['maps'])} failed: {entry['error']}"
         elif answer.route is None:
             failure = "the route of this answer was deleted before its final request"
         if failure:
@@ -735,8 +744,7 @@ def answer_map_collect(*, answer_id, index: int, result) -> bool:
                         user_id=answer.asker_id,
                         client_key_id=key_id,
                         speculative=state.get("speculative"),
-                        link=signature("search.tasks.answer_finalize", args=(str(answer.id),)),
-                        link_error=signature("search.tasks.answer_generation_lost", args=(str(answer.id),)),
+                        outcome_to=_to_answer(answer.id),
                     )
 
     if failure:
@@ -747,7 +755,6 @@ def answer_map_collect(*, answer_id, index: int, result) -> bool:
         except Exception as exc:  # RouteUnavailable (every key cooling down), a broker outage
             logger.warning("answer %s: the reduce request was not sent", answer.pk, exc_info=True)
             answer_fail(answer.pk, f"the final request could not be sent: {_reason(exc)}", end_stream=True)
-    return True
 
 
 # --------------------------------------------------------------------------- reading

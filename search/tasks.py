@@ -7,7 +7,7 @@ import logging
 import random
 
 import redis
-from celery import Task, shared_task
+from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
@@ -90,82 +90,11 @@ def search_indexes_maintain() -> str | None:
 
 
 # --------------------------------------------------------------------------- answers (queue ``default``)
-# Linked from ``inference.router.submit``: Celery calls them with the generation's result
-# (``Outcome.result``) first. Both are short and idempotent (a finished answer, or a map
-# already stored, is left as it is), so a redelivered message does no harm.
-
-
-class _GenerationResultTask(Task):
-    """A task called with a generation's result first (``router.submit``'s ``link``): the
-    result holds the answer's text, so the copy of the arguments that Celery puts in message
-    headers and log lines (``argsrepr``) leaves it out."""
-
-    def apply_async(self, args=None, kwargs=None, **options):
-        if args and "argsrepr" not in options:
-            options["argsrepr"] = repr(("<result withheld>", *args[1:]))
-        return super().apply_async(args, kwargs, **options)
-
-
-@shared_task(
-    name="search.tasks.answer_finalize", bind=True, base=_GenerationResultTask, ignore_result=True, max_retries=None
-)
-def answer_finalize(self, result: dict, answer_id: str) -> None:
-    """Store the end of an answer's generation (``search.answers.answer_finalize``). When the
-    result is not the generation's end (it went on on another queue), watch the stream."""
-    _answer_step(
-        self, answer_id, lambda: not answers.answer_finalize(answer_id=answer_id, result=result)[1], (answer_id,)
-    )
-
-
-@shared_task(
-    name="search.tasks.answer_map_collect", bind=True, base=_GenerationResultTask, ignore_result=True, max_retries=None
-)
-def answer_map_collect(self, result: dict, answer_id: str, index: int) -> None:
-    """Store one map request's notes of a map-reduce answer; the last submits the reduce."""
-    _answer_step(
-        self,
-        answer_id,
-        lambda: answers.answer_map_collect(answer_id=answer_id, index=index, result=result),
-        (answer_id, index),
-    )
-
-
-def _answer_step(task, answer_id: str, step, args: tuple) -> None:
-    """Run one answer task's ``step`` (True when done): transient database or Redis errors
-    retry with backoff, anything else (or retries spent) fails the answer; not done yet
-    (the generation has not ended) looks again later with a ``watch`` result."""
-    try:
-        done = step()
-    except TRANSIENT_ERRORS as exc:
-        if task.request.retries < MAX_RETRIES:
-            raise task.retry(exc=exc, countdown=_backoff(task.request.retries)) from exc
-        _answer_fail_on(exc, answer_id)
-        raise
-    except Exception as exc:
-        _answer_fail_on(exc, answer_id)
-        raise
-    if not done:
-        raise task.retry(args=({"status": "watch"}, *args), countdown=answers.FINALIZE_WATCH_INTERVAL_S)
+# An answer's generation brings its outcome back in its ledger entry: the ledger's drain
+# (``billing.tasks.ledger_drain``) hands it to ``search.answers.generation_outcome_take``.
 
 
 @shared_task(name="search.tasks.answers_reap", ignore_result=True, soft_time_limit=240, time_limit=280)
 def answers_reap() -> int:
-    """Beat: end answers whose storing tasks were lost (``search.answers.answers_reap``)."""
+    """Beat: fail answers whose generation's message was lost (``search.answers.answers_reap``)."""
     return answers.answers_reap()
-
-
-@shared_task(name="search.tasks.answer_generation_lost", ignore_result=True)
-def answer_generation_lost(task_id: str, answer_id: str) -> None:
-    """``link_error`` of an answer's generation: its task failed without a result (the pool
-    process died, or the hard time limit), so ``answer_finalize`` was never called. It
-    runs now, without a result: it reads the stream, whose terminal ``error`` the worker's
-    parent writes, and fails the answer with that reason."""
-    answer_finalize.delay({"status": "lost", "task_id": task_id}, answer_id)
-
-
-def _answer_fail_on(exc: Exception, answer_id: str) -> None:
-    """A bug or a lasting outage must not leave an answer ``generating`` for ever."""
-    try:
-        answers.answer_fail(answer_id, f"the answer could not be stored: {type(exc).__name__}", end_stream=True)
-    except Exception:  # the database or Redis is still down: the exception above is logged
-        logger.exception("answer %s could not be marked failed", answer_id)

@@ -22,7 +22,7 @@ from billing.pricing import cost_of
 from inference.execution import run_routed
 from inference.streams import stream_events, stream_read
 from ragsite.redis import redis_client
-from tests.inference.routing_helpers import WORDS, key_make, payload, provider_make, route_make
+from tests.inference.routing_helpers import REPLY, WORDS, key_make, payload, provider_make, route_make
 from tests.upstream_server import upstream_script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -97,6 +97,46 @@ def test_a_row_stored_by_a_drainer_that_died_before_acknowledging_is_not_stored_
     assert key.success_count == 1
     assert outbox.xpending(ledger.OUTBOX, ledger.GROUP)["pending"] == 0
     assert outbox.xlen(ledger.OUTBOX) == 0
+
+
+def test_the_outcome_in_the_entry_goes_to_its_consumer_after_the_row_and_waits_for_the_claim_if_it_fails(
+    upstream_server, outbox, monkeypatch
+):
+    """One entry: the row and, for whoever waits, the outcome. The consumer registered for its
+    kind sees the row already stored; one that fails leaves the entry pending (not lost, not
+    acknowledged), and the beat's claim delivers it again; the row is not stored twice."""
+    provider = provider_make(upstream_server)
+    key_make(provider)
+    route = route_make(provider)
+    monkeypatch.setattr(ledger, "_OUTCOME_CONSUMERS", {})
+    taken, failing = [], [True]
+
+    def consumer(outcome):
+        stored = UsageRecord.objects.filter(request_id=outcome["request_id"]).count()
+        if failing[0]:
+            raise OperationalError("the database went away")
+        taken.append((outcome["to"], outcome["status"], outcome["text"], stored))
+
+    ledger.outcome_consumer("test-kind")(consumer)
+    request_id = uuid.uuid4().hex
+    result = run_routed(request_id, payload(route, outcome_to={"kind": "test-kind", "n": 7}))
+    [(_, fields)] = outbox.xrange(ledger.OUTBOX)
+    assert json.loads(fields[b"outcome"]) == result  # the outcome is what the task returned
+    assert result["to"] == {"kind": "test-kind", "n": 7} and result["text"] == REPLY
+
+    assert ledger.usage_records_store() == 1  # the row stored; the consumer failed
+    assert taken == [] and outbox.xpending(ledger.OUTBOX, ledger.GROUP)["pending"] == 1
+    assert ledger.usage_records_store() == 0  # a plain drain takes new entries only
+    failing[0] = False
+    assert ledger.usage_records_store(claim_idle_ms=0) == 0  # the claim: delivered, the row not stored twice
+    assert taken == [({"kind": "test-kind", "n": 7}, "ok", REPLY, 1)]
+    assert outbox.xlen(ledger.OUTBOX) == 0 and outbox.xpending(ledger.OUTBOX, ledger.GROUP)["pending"] == 0
+    assert UsageRecord.objects.filter(request_id=request_id).count() == 1
+
+    # No one waits: the entry holds the row alone.
+    run_routed(uuid.uuid4().hex, payload(route))
+    [(_, fields)] = outbox.xrange(ledger.OUTBOX)
+    assert set(fields) == {b"row"}
 
 
 def test_rows_wait_in_the_outbox_while_the_database_is_down(upstream_server, outbox, monkeypatch):

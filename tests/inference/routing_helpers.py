@@ -77,9 +77,11 @@ def routed(route: Route, prompt: str = PROMPT, **fields) -> tuple[dict, list[tup
 
 
 def ledger_row(request_id: str, timeout: float = 60) -> UsageRecord:
-    """The request's ledger row once a worker has written it."""
+    """The request's ledger row once a worker has queued it: this test drains the outbox as
+    the ``default`` worker's drain would (the tests that call this run no ``default`` worker)."""
     deadline = time.monotonic() + timeout
     while True:
+        ledger.usage_records_store(claim_idle_ms=0)
         rows = list(UsageRecord.objects.filter(request_id=request_id))
         if rows or time.monotonic() > deadline:
             assert len(rows) == 1, f"expected one ledger row for {request_id}, found {len(rows)}"

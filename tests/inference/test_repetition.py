@@ -404,7 +404,7 @@ def test_a_routed_generation_cut_for_repetition_is_stored_trimmed_billed_once_an
     stats = events[-1][1]
     assert (stats["finish_reason"], stats["usage_source"], stats["attempts"]) == ("repetition", "counted", 1)
     assert stats["repetition"] == found.as_dict()
-    # The task's result, which answer_finalize stores, keeps the loop's first copy only.
+    # The outcome, which the answer stores (it travels in the ledger entry), keeps the loop's first copy only.
     assert (result["status"], result["attempts"]) == ("ok", 1)
     assert result["text"] == REPLY + " " + PHRASE.rstrip() == "".join(deltas(events))[: found.cut_at_char]
     # One ledger row: answered (ok), the tokens received, the prompt estimated.

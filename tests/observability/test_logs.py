@@ -73,9 +73,10 @@ def test_a_request_id_follows_a_question_to_the_worker_and_the_ledger(
         ("POST /api/v1/answers 200", "POST", "/api/v1/answers", 200)
     ]
     assert any(line["logger"] == "uvicorn.access" and "POST /api/v1/answers" in line["message"] for line in web_lines)
-    # The worker: the generation task's lines carry the id, and so do those of the task it links.
+    # The worker: the generation task's lines carry the id, and so do those of the drain it
+    # sends, which stores the row and finalizes the answer.
     tasks = {line.get("task") for line in worker_lines if line.get("request_id") == request_id}
-    assert tasks == {"inference.tasks.generate_routed", "search.tasks.answer_finalize"}
+    assert tasks == {"inference.tasks.generate_routed", "billing.tasks.ledger_drain"}
     assert any(line["logger"] == "celery.worker.consumer.connection" for line in worker_lines)
     # The ledger row of the generation.
     row = UsageRecord.objects.get(request_id=answer["id"])

@@ -25,7 +25,9 @@ def test_queues_are_declared_in_one_enum():
         ("inference.tasks.generate_routed", "gpu"),
         # Listed before the inference.tasks.* pattern, so it wins.
         ("inference.tasks.canary_analyse", "default"),
-        ("search.tasks.answer_finalize", "default"),
+        ("search.tasks.answers_reap", "default"),
+        # Stores ledger rows and hands answers their generations' outcomes (billing.ledger).
+        ("billing.tasks.ledger_drain", "default"),
         ("ragsite.tasks.ping", "default"),
         ("billing.tasks.usage_rollup", "default"),
     ],

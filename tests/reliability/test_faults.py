@@ -168,6 +168,77 @@ def test_a_gpu_worker_killed_whole_mid_answer_fails_the_answer_with_its_ledger_r
     print(f"\ngpu: killed after {len(streamed)} tokens, answer failed {recovered_s:.1f} s later")
 
 
+# --------------------------------------------------------------------------- the worker of a map step killed
+
+
+def test_a_map_steps_worker_killed_mid_generation_fails_the_answer_with_that_steps_reason(
+    start_worker, upstream_server
+):
+    """A map-reduce answer whose map requests are killed mid-stream (kill -9 of the pool
+    processes running them): each step's end reaches the answer through its ledger entry,
+    written by the worker's parent at once, and the answer fails within seconds with that
+    step's reason. Exactly one ledger row per map request that ran; no reduce request."""
+    from tests.search.test_answers import BIG, remote_provider
+
+    workspace = workspace_create(name="Big", slug="big-killed")
+    collection = collection_create(workspace=workspace, name="Reports")
+    ingest_texts(collection, {"lift.md": "# Lift report\n\n" + BIG, "robot.md": DOCUMENTS["robot.md"]})
+    _, api_key = remote_provider(upstream_server, window=512, max_tokens=64)
+    reply = "The wing stalls when the boundary layer separates near the critical angle [1]."
+    # Every map request streams slowly: they are all mid-generation when their processes die.
+    upstream_script(upstream_server, api_key, [{"token_delay_ms": 400, "repeat": True}])
+
+    with (
+        start_worker(["default"]) as drain,
+        start_worker(["remote"], concurrency=8) as remote,  # prefork: a pool process for each map request
+    ):
+        answer = answer_create(workspace=workspace, question=f"When does the wing stall?\nREPLY: {reply}")
+        maps = answer.stats["map_reduce"]["maps"]
+        assert answer.stats["context"]["strategy"] == "map_reduce" and len(maps) >= 2
+        map_ids = [entry["request_id"] for entry in maps]
+
+        def every_map_streaming() -> bool:
+            return all(any(kind == "delta" for _, kind, _ in stream_events(map_id)) for map_id in map_ids)
+
+        wait_for(every_map_streaming, 60, "every map request streaming")
+        children = psutil.Process(remote.process.pid).children()
+        assert len(children) == 8
+        for child in children:
+            child.kill()
+        killed_at = time.monotonic()
+
+        wait_for(
+            lambda: Answer.objects.get(pk=answer.pk).status == Answer.Status.FAILED,
+            30,
+            lambda: f"answer still {Answer.objects.get(pk=answer.pk).status}:\n{remote.log()[-3000:]}",
+        )
+        failed_s = time.monotonic() - killed_at
+        stored = Answer.objects.get(pk=answer.pk)
+        ledger.usage_records_store(claim_idle_ms=0)
+        drain_log = drain.log()
+
+    assert stored.error.startswith("map request ")
+    assert f" of {len(maps)} failed: the worker process running this request died" in stored.error
+    assert "the request was not retried (worker_lost)" in stored.error
+    steps = stored.stats["map_reduce"]["maps"]
+    # The first step's end failed the answer; the others found it failed and left it so.
+    assert sorted(entry["status"] for entry in steps) == ["error"] + ["pending"] * (len(maps) - 1)
+    assert "reduce" not in stored.stats["map_reduce"]
+    # The answer's own stream: the maps' progress, then the failure; no generation of its own.
+    kinds = [kind for _, kind, _ in stream_events(str(answer.pk))]
+    assert set(kinds[:-1]) == {"progress"} and kinds[-1] == "error"
+    # Each map request that ran has exactly one row (killed: worker_lost, with what it streamed).
+    rows = {str(row.request_id): row for row in UsageRecord.objects.filter(request_id__in=[*map_ids, answer.pk])}
+    assert set(rows) == set(map_ids)
+    for map_id in map_ids:
+        row = rows[map_id]
+        streamed = [data["text"] for _, kind, data in stream_events(map_id) if kind == "delta"]
+        assert (row.status, row.error_class, row.attempts) == ("error", "worker_lost", 1)
+        assert row.completion_tokens == len(streamed) >= 1
+    assert "billing.tasks.ledger_drain" in drain_log
+    print(f"\nmap steps killed mid-stream; the answer failed {failed_s:.1f} s later")
+
+
 # --------------------------------------------------------------------------- every upstream key rate-limited
 
 

@@ -20,7 +20,7 @@ from billing.models import Price, UsageRecord
 from billing.pricing import cost_of
 from inference.errors import RouteNotFound, RouteUnavailable
 from inference.models import Provider, Route, UpstreamKey
-from inference.streams import StreamWriter
+from inference.streams import StreamWriter, stream_events
 from ragsite.logs import request_received_var
 from search import answers
 from search.answers import AnswerError, answer_create, answer_fail, answer_stream_read
@@ -191,14 +191,17 @@ def test_a_question_that_cannot_fit_the_window_fails_naming_the_question(corpus,
     assert Answer.objects.get().status == Answer.Status.FAILED
 
 
-def test_the_answer_tasks_run_on_the_default_queue_and_ingestion_stays_on_ingest():
+def test_the_outcome_consumer_runs_on_the_default_queue_and_ingestion_stays_on_ingest():
+    from billing import ledger
     from ragsite.celery import app
 
     def queue(name: str) -> str:
         return app.amqp.router.route({}, name)["queue"].name
 
-    assert queue("search.tasks.answer_finalize") == queue("search.tasks.answer_map_collect") == "default"
+    # The ledger's drain hands answers their outcomes (registered when the app starts).
+    assert queue("billing.tasks.ledger_drain") == queue("search.tasks.answers_reap") == "default"
     assert queue("search.tasks.document_ingest") == "ingest"
+    assert ledger._OUTCOME_CONSUMERS[answers.OUTCOME_KIND] is answers.generation_outcome_take
 
 
 # --------------------------------------------------------------------------- finalize
@@ -216,51 +219,91 @@ def pending_answer(workspace) -> Answer:
     )
 
 
-def test_finalize_stores_the_result_once_and_reads_the_stream_when_the_result_is_not_the_end(corpus):
+def outcome_of(answer, *, status="ok", text="", stats=None, error=None, **more) -> dict:
+    """An outcome as ``inference.execution.Outcome.result`` makes it, addressed to ``answer``."""
+    return {
+        "request_id": str(answer.pk),
+        "to": {"kind": answers.OUTCOME_KIND, "answer_id": str(answer.pk)},
+        "status": status,
+        "text": text,
+        "stats": stats or {},
+        "error": error,
+        **more,
+    }
+
+
+def test_finalize_stores_the_outcome_once(corpus):
     workspace, _ = corpus
     answer = pending_answer(workspace)
-    # The generation went on on another queue: nothing to store yet, look again later.
-    assert answers.answer_finalize(answer_id=answer.pk, result={"status": "handed_over"})[1] is True
-    assert Answer.objects.get(pk=answer.pk).status == Answer.Status.GENERATING
     writer = StreamWriter(str(answer.id))
     writer.write("delta", text="Yes [1]")
-    writer.write("retry", attempt=1, kind="timeout")
     writer.write("delta", text=" and [3].")
     writer.write("stats", completion_tokens=3, time_to_first_token_ms=1.5)
+    stats = {"completion_tokens": 3, "time_to_first_token_ms": 1.5}
 
-    stored, waiting = answers.answer_finalize(answer_id=answer.pk, result={"skipped": "already finished"})
-    assert not waiting
+    answers.generation_outcome_take(outcome_of(answer, text="Yes [1] and [3].", stats=stats, route="default"))
+    stored = Answer.objects.get(pk=answer.pk)
     assert (stored.status, stored.text, stored.error) == ("done", "Yes [1] and [3].", "")
     assert stored.citations == [
         {"number": 1, "chunk_id": 5, "document_id": 6, "title": "T", "start_offset": 0, "end_offset": 9}
     ]
     assert stored.dropped_citations == 1
-    assert stored.stats == {"completion_tokens": 3, "time_to_first_token_ms": 1.5, "context": {"strategy": "single"}}
+    assert stored.stats == {**stats, "route": "default", "context": {"strategy": "single"}}
     assert {"retrieve_ms", "submit_ms", "ttft_ms", "queue_ms", "total_ms"} == set(stored.timings)
     assert stored.finished_at is not None
-    # A second result (a redelivered message) changes nothing.
-    again, _ = answers.answer_finalize(
-        answer_id=answer.pk, result={"status": "error", "text": "", "error": {"message": "late"}}
-    )
-    assert (again.status, again.text) == ("done", "Yes [1] and [3].")
+    # The stream ends with the stored answer, once.
+    assert [kind for _, kind, _ in stream_events(str(answer.id))][-1] == "answer"
+    # The same outcome again (an entry taken twice: its drainer died before the XACK), or
+    # another one, changes nothing.
+    answers.generation_outcome_take(outcome_of(answer, text="Yes [1] and [3].", stats=stats))
+    answers.generation_outcome_take(outcome_of(answer, status="error", error={"message": "late"}))
+    again = Answer.objects.get(pk=answer.pk)
+    assert (again.status, again.text, again.finished_at) == ("done", "Yes [1] and [3].", stored.finished_at)
+    assert [kind for _, kind, _ in stream_events(str(answer.id))].count("answer") == 1
 
 
 def test_finalize_fails_the_answer_with_the_generations_error_and_keeps_the_partial_text(corpus):
     workspace, _ = corpus
     answer = pending_answer(workspace)
     error = {"field": None, "kind": "broken_stream", "message": "the stream from host broke after 2 tokens"}
-    stored, _ = answers.answer_finalize(
+    stored = answers.answer_finalize(
         answer_id=answer.pk,
-        result={"status": "error", "text": "Half [1]", "stats": {}, "error": error, "route": "default", "attempts": 1},
+        outcome=outcome_of(answer, status="error", text="Half [1]", error=error, route="default", attempts=1),
     )
     assert stored.status == Answer.Status.FAILED
     assert stored.error == "the stream from host broke after 2 tokens (broken_stream)"
     assert stored.text == "Half [1]" and [c["number"] for c in stored.citations] == [1]
     assert stored.stats["error"] == error and stored.stats["route"] == "default"
-    assert answers.answer_finalize(answer_id=uuid.uuid4(), result={}) == (None, False)
+    assert answers.answer_finalize(answer_id=uuid.uuid4(), outcome=outcome_of(answer)) is None
 
 
-def test_the_reaper_ends_answers_left_unfinished_past_the_watch_and_leaves_younger_ones(corpus):
+def test_an_outcome_that_cannot_be_stored_fails_the_answer_and_a_transient_error_is_raised(corpus, monkeypatch):
+    from django.db import OperationalError
+
+    workspace, _ = corpus
+    broken, later = pending_answer(workspace), pending_answer(workspace)
+
+    def verify_fails(answer):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(answers, "_verify", verify_fails)
+    answers.generation_outcome_take(outcome_of(broken, text="Yes [1]."))
+    assert Answer.objects.filter(pk=broken.pk).values_list("status", "error").get() == (
+        "failed",
+        "the answer could not be stored: KeyError",
+    )
+    assert [kind for _, kind, _ in stream_events(str(broken.id))] == ["error"]
+
+    def database_down(answer):
+        raise OperationalError("the server closed the connection")
+
+    monkeypatch.setattr(answers, "_verify", database_down)
+    with pytest.raises(OperationalError):  # the ledger leaves the entry pending, to be claimed again
+        answers.generation_outcome_take(outcome_of(later, text="Yes [1]."))
+    assert Answer.objects.get(pk=later.pk).status == Answer.Status.GENERATING
+
+
+def test_the_reaper_fails_answers_whose_message_was_lost_and_leaves_younger_ones(corpus):
     from datetime import timedelta
 
     from django.utils import timezone
@@ -269,20 +312,23 @@ def test_the_reaper_ends_answers_left_unfinished_past_the_watch_and_leaves_young
     from search.tasks import answers_reap
 
     workspace, _ = corpus
-    old = timezone.now() - timedelta(seconds=answers.FINALIZE_WATCH_SECONDS + 60)
-    lost, ended, young = (pending_answer(workspace) for _ in range(3))
-    Answer.objects.filter(pk__in=[lost.pk, ended.pk]).update(created_at=old)
-    writer = StreamWriter(str(ended.id))  # its generation ended, but the task storing it was lost
-    writer.write("delta", text="Ten hours [1].")
-    writer.write("stats", completion_tokens=3)
+    old = timezone.now() - timedelta(seconds=answers.ANSWER_LOST_AFTER_S + 60)
+    lost, young = pending_answer(workspace), pending_answer(workspace)
+    Answer.objects.filter(pk=lost.pk).update(created_at=old)
 
-    assert answers_reap.apply().get() == 2  # the beat task, run here
-    statuses = {a.pk: (a.status, a.text, a.error) for a in Answer.objects.filter(pk__in=[lost.pk, ended.pk, young.pk])}
+    assert answers_reap.apply().get() == 1  # the beat task, run here
+    statuses = {a.pk: (a.status, a.error) for a in Answer.objects.filter(pk__in=[lost.pk, young.pk])}
     assert statuses == {
-        lost.pk: ("failed", "", "the generation never ended"),
-        ended.pk: ("done", "Ten hours [1].", ""),
-        young.pk: ("generating", "", ""),
+        lost.pk: (
+            "failed",
+            "the generation never ended: no outcome came in 60 minutes (its message was lost before a worker ran it)",
+        ),
+        young.pk: ("generating", ""),
     }
+    assert [kind for _, kind, _ in stream_events(str(lost.id))] == ["error"]
+    # An outcome that comes after all leaves the failed answer as it is.
+    answers.generation_outcome_take(outcome_of(lost, text="Late [1]."))
+    assert Answer.objects.get(pk=lost.pk).text == ""
     assert BEAT_SCHEDULE["answers-reap"]["task"] == "search.tasks.answers_reap"
 
 
