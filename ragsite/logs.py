@@ -83,7 +83,7 @@ def mask(text: str) -> str:
 _WITHHELD_RESULTS = frozenset({"inference.tasks.generate_routed"})
 
 
-def _is_result_of_a_generation(record: logging.LogRecord) -> bool:
+def _is_generation_result(record: logging.LogRecord) -> bool:
     return (
         record.name == "celery.app.trace"
         and isinstance(record.args, dict)
@@ -102,7 +102,7 @@ class ContextFilter(logging.Filter):
         task = task_var.get()
         if task and not getattr(record, "task_id", None):
             record.task_id, record.task = task
-        if _is_result_of_a_generation(record):
+        if _is_generation_result(record):
             # Celery logs what a task returned (in the message, and again as the record's
             # ``data``); a generation returns the answer's text, which, like its prompt
             # (inference.tasks._RedactedArgsTask), stays out of the logs.
