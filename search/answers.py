@@ -37,10 +37,12 @@ answer at once, with its reason: an answer from part of its sources would not sa
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
+from contextlib import aclosing
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import redis
@@ -792,6 +794,64 @@ def _stored_events(answer: Answer, after: str) -> list[tuple[str, str, dict]] | 
     else:
         events.append(("0-2", "error", {"field": None, "kind": "answer_failed", "message": answer.error}))
     return events
+
+
+# What a stream id looks like ("1700000000000-0"), or "0": from the start (the REST API's
+# schema publishes the pattern).
+EVENT_ID_PATTERN = r"^(0|[0-9]{1,20}-[0-9]{1,20})$"
+_EVENT_ID = re.compile(EVENT_ID_PATTERN)
+
+
+def event_id_valid(value: str) -> bool:
+    """Whether ``value`` names a position in an answer's stream (a Redis stream id such as
+    ``1700000000000-0``, or ``0`` for the start): what a reader resumes after."""
+    return bool(_EVENT_ID.fullmatch(value))
+
+
+@dataclass(frozen=True)
+class AnswerEvent:
+    """One event of an answer for a front door to format: ``kind`` is the stream's (``delta``,
+    ``retry``, ``progress``, ``stats``, then ``answer`` or ``error``), or ``quiet`` (no ``id``)
+    when nothing came for a slice: a door sends a keep-alive then, or stops."""
+
+    kind: str
+    data: dict
+    id: str | None = None
+
+
+QUIET = "quiet"
+
+
+async def answer_events(
+    answer_id, *, after: str = "0", slice_ms: int = 15000, generating: bool = False, quiet_limit_s: float | None = None
+):
+    """An answer's events from ``after`` on, to its end (``answer`` or ``error``), for every
+    front door (the UI's and the REST API's Server-Sent Events, the OpenAI-compatible
+    stream): ``AnswerEvent``s, a ``quiet`` one after each ``slice_ms`` without any. After
+    ``quiet_limit_s`` of quiet in a row it ends with an ``error`` of kind ``timeout``; an
+    answer deleted meanwhile ends with an ``error`` of kind ``answer_deleted``. Redis
+    errors propagate (a reader reconnects from the last id). ``generating``: see
+    ``answer_stream_aread``."""
+    last, quiet_s = after, 0.0
+    while True:
+        events = answer_stream_aread(answer_id, after=last, block_ms=slice_ms, generating=generating)
+        generating = False  # after a quiet slice the stored answer is looked at again
+        try:
+            async with aclosing(events):
+                async for event_id, kind, data in events:
+                    last, quiet_s = event_id, 0.0
+                    yield AnswerEvent(kind, data, event_id)
+            return
+        except TimeoutError:
+            quiet_s += slice_ms / 1000
+            if quiet_limit_s is not None and quiet_s >= quiet_limit_s:
+                message = f"the answer made no progress for {quiet_s:g} s"
+                yield AnswerEvent("error", {"field": None, "kind": "timeout", "message": message})
+                return
+            yield AnswerEvent(QUIET, {})
+        except Answer.DoesNotExist:
+            yield AnswerEvent("error", {"field": None, "kind": "answer_deleted", "message": "the answer was deleted"})
+            return
 
 
 async def answer_stream_aread(answer_id, *, after: str = "0", block_ms: int = 15000, generating: bool = False):

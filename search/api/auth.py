@@ -29,7 +29,7 @@ from rest_framework.permissions import BasePermission
 
 from billing import client_keys
 from billing.models import ClientKey
-from search.api.errors import WWW_AUTHENTICATE, ApiError
+from search.api.errors import WWW_AUTHENTICATE, RestApiError
 from search.models import Workspace
 from search.scoping import workspaces_visible_to
 
@@ -92,7 +92,7 @@ def access_resolve(*, key: ClientKey | None, user, scope: str | None, workspace_
     key without ``scope`` or a user in no workspace, 404 for a workspace the caller is not
     in, 400 when a member of several did not say which."""
     if workspace_slug is not None and not re.fullmatch(WORKSPACE_SLUG_PATTERN, workspace_slug):
-        raise ApiError(status.HTTP_400_BAD_REQUEST, "invalid_request", "not a workspace slug", field="workspace")
+        raise RestApiError(status.HTTP_400_BAD_REQUEST, "invalid_request", "not a workspace slug", field="workspace")
     if key is not None:
         if not has_scope(key, scope):
             have = ", ".join(key.scopes) or "none"
@@ -118,7 +118,7 @@ def access_resolve(*, key: ClientKey | None, user, scope: str | None, workspace_
     if not first_two:
         raise exceptions.PermissionDenied("You are not a member of any workspace.", code="no_workspace")
     if len(first_two) > 1:
-        raise ApiError(
+        raise RestApiError(
             status.HTTP_400_BAD_REQUEST,
             "workspace_required",
             f"You are a member of several workspaces: name one (?workspace=<slug> or the {WORKSPACE_HEADER} header).",

@@ -31,7 +31,7 @@ WWW_AUTHENTICATE = 'Bearer realm="api"'
 INVALID_REQUEST = "invalid_request"
 
 
-class ApiError(exceptions.APIException):
+class RestApiError(exceptions.APIException):
     """An error with its HTTP status, a stable ``code``, the request ``field`` at fault (if
     one is) and, for 429 and 503, when to retry (``retry_after_s``)."""
 
@@ -45,9 +45,9 @@ class ApiError(exceptions.APIException):
         self.retry_after_s = retry_after_s
 
 
-def invalid(field: str | None, message: str) -> ApiError:
+def invalid(field: str | None, message: str) -> RestApiError:
     """A 400 naming the request field at fault."""
-    return ApiError(status.HTTP_400_BAD_REQUEST, INVALID_REQUEST, message, field=field)
+    return RestApiError(status.HTTP_400_BAD_REQUEST, INVALID_REQUEST, message, field=field)
 
 
 def retry_after_header(seconds) -> str:
@@ -62,7 +62,7 @@ def error_body(code: str, message: str, field: str | None = None) -> dict:
     return {"error": error}
 
 
-def _headers(error: ApiError) -> dict[str, str]:
+def _headers(error: RestApiError) -> dict[str, str]:
     headers = {}
     if error.status_code == status.HTTP_401_UNAUTHORIZED:
         headers["WWW-Authenticate"] = WWW_AUTHENTICATE
@@ -71,7 +71,7 @@ def _headers(error: ApiError) -> dict[str, str]:
     return headers
 
 
-def error_json(error: ApiError, headers: dict[str, str] | None = None) -> JsonResponse:
+def error_json(error: RestApiError, headers: dict[str, str] | None = None) -> JsonResponse:
     """The error shape from a plain Django view."""
     return JsonResponse(
         error_body(error.code, str(error.detail), error.field),
@@ -80,25 +80,25 @@ def error_json(error: ApiError, headers: dict[str, str] | None = None) -> JsonRe
     )
 
 
-def api_error_of(exc: Exception) -> ApiError | None:
-    """Any exception the API knows as an ``ApiError``; None for anything else (a bug: 500)."""
+def api_error_of(exc: Exception) -> RestApiError | None:
+    """Any exception the API knows as an ``RestApiError``; None for anything else (a bug: 500)."""
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
-    if isinstance(exc, ApiError):
+    if isinstance(exc, RestApiError):
         return exc
     if isinstance(exc, exceptions.ValidationError):
         return _validation_error(exc)
     if isinstance(exc, exceptions.Throttled):
-        return ApiError(exc.status_code, "rate_limited", str(exc.detail), retry_after_s=exc.wait)
+        return RestApiError(exc.status_code, "rate_limited", str(exc.detail), retry_after_s=exc.wait)
     if isinstance(exc, exceptions.APIException):
         codes = exc.get_codes()
-        return ApiError(exc.status_code, codes if isinstance(codes, str) else exc.default_code, str(exc.detail))
+        return RestApiError(exc.status_code, codes if isinstance(codes, str) else exc.default_code, str(exc.detail))
     if isinstance(exc, DomainError):
-        return ApiError(exc.status, exc.code, exc.message, field=exc.field, retry_after_s=exc.retry_after_s)
+        return RestApiError(exc.status, exc.code, exc.message, field=exc.field, retry_after_s=exc.retry_after_s)
     if service := outage_of(exc):
-        return ApiError(
+        return RestApiError(
             status.HTTP_503_SERVICE_UNAVAILABLE,
             "service_unavailable",
             outage_message(service),
@@ -117,7 +117,7 @@ def _first_error(detail, path: tuple = ()) -> tuple[tuple, exceptions.ErrorDetai
     return path, detail
 
 
-def _validation_error(exc: exceptions.ValidationError) -> ApiError:
+def _validation_error(exc: exceptions.ValidationError) -> RestApiError:
     path, message = _first_error(exc.detail)
     field = str(path[0]) if path and path[0] != "non_field_errors" else None
     if len(path) > 1:  # an item of a list or an object's member
@@ -133,7 +133,7 @@ def api_exception_handler(exc: Exception, context: dict) -> Response:
     if error is None:
         view = context.get("view")
         logger.error("API request failed in %s", type(view).__name__ if view else "a view", exc_info=exc)
-        error = ApiError(
+        error = RestApiError(
             status.HTTP_500_INTERNAL_SERVER_ERROR,
             "server_error",
             "The server failed to handle this request; the failure is logged.",

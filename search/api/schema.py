@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse
 
+from search.answers import EVENT_ID_PATTERN
 from search.api.auth import WORKSPACE_SLUG_PATTERN
 from search.api.serializers import ErrorSerializer
-from search.api.streaming import EVENT_ID_PATTERN
 
 API_PREFIX = "/api/v1/"
 

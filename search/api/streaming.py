@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 from asgiref.sync import sync_to_async
 from django.http import HttpResponse, StreamingHttpResponse
@@ -35,22 +34,21 @@ from rest_framework import exceptions, status
 from billing import client_keys
 from inference.streams import stream_key
 from ragsite.redis import redis_async_client
-from search.answers import ANSWER_END, answer_stream_aread
+from search.answers import ANSWER_END, QUIET, answer_events, event_id_valid
 from search.api.auth import Access, Scope, access_resolve, workspace_slug_of
-from search.api.errors import ApiError, api_error_of, error_json, invalid
+from search.api.errors import RestApiError, api_error_of, error_json, invalid
 from search.models import Answer
 from search.scoping import in_workspaces
 
 KEEPALIVE_SECONDS = 15.0
 STREAM_MAX_SECONDS = 300.0
 RECONNECT_MS = 1000
-# "0": from the start; else a Redis stream id, as the events carry.
-EVENT_ID_PATTERN = r"^(0|[0-9]{1,20}-[0-9]{1,20})$"
 
 
-def sse_event(kind: str, event_id: str, data: dict) -> str:
+def sse_event(kind: str, event_id: str | None, data: dict) -> str:
     # json.dumps escapes newlines inside strings: the data is one line, as SSE needs.
-    return f"event: {kind}\nid: {event_id}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+    head = f"event: {kind}\nid: {event_id}\n" if event_id else f"event: {kind}\n"
+    return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 async def _access(request) -> Access:
@@ -88,28 +86,24 @@ async def _ended_at_or_before(answer_id, status_now: str, after: str) -> bool:
 
 
 async def _events(answer_id, after: str):
+    """``search.answers.answer_events`` as Server-Sent Events, for ``STREAM_MAX_SECONDS`` at
+    most: then the response ends and the client resumes from its last id."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + STREAM_MAX_SECONDS
-    last = after
     yield f"retry: {RECONNECT_MS}\n\n"
-    while True:
-        try:
-            async for event_id, kind, data in answer_stream_aread(
-                answer_id, after=last, block_ms=int(KEEPALIVE_SECONDS * 1000)
-            ):
-                last = event_id
-                yield sse_event(kind, event_id, data)
-            return  # the answer or an error: the answer's stream has ended
-        except TimeoutError:
-            if loop.time() >= deadline:
-                return
+    async for event in answer_events(answer_id, after=after, slice_ms=int(KEEPALIVE_SECONDS * 1000)):
+        if event.kind != QUIET:
+            yield sse_event(event.kind, event.id, event.data)
+        elif loop.time() >= deadline:
+            return
+        else:
             yield ": keep-alive\n\n"
 
 
 @csrf_exempt  # GET only; other methods get the API's 405 rather than Django's HTML CSRF 403
 async def answer_stream(request, answer_id):
     if request.method != "GET":
-        error = ApiError(
+        error = RestApiError(
             status.HTTP_405_METHOD_NOT_ALLOWED, "method_not_allowed", f'Method "{request.method}" not allowed.'
         )
         return error_json(error, headers={"Allow": "GET"})
@@ -117,7 +111,7 @@ async def answer_stream(request, answer_id):
         access = await _access(request)
         given = {"Last-Event-ID": request.headers.get("Last-Event-ID"), "after": request.GET.get("after")}
         for name, value in given.items():
-            if value is not None and not re.fullmatch(EVENT_ID_PATTERN, value):
+            if value is not None and not event_id_valid(value):
                 raise invalid(name, f"{name} must be an event id such as 1700000000000-0 (or 0: from the start).")
         # EventSource's own header, when it reconnects, wins over the URL it was opened with.
         after = given["Last-Event-ID"] or given["after"] or "0"

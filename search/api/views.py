@@ -28,7 +28,7 @@ from billing.selectors import usage_month_by_model
 from search.answers import answer_create, answer_stream_read
 from search.api import serializers as api
 from search.api.auth import ClientKeyAuthentication, Scope, WorkspaceAccess
-from search.api.errors import ApiError, api_exception_handler, error_json, invalid
+from search.api.errors import RestApiError, api_exception_handler, error_json, invalid
 from search.api.pagination import ApiPagination, query_integer
 from search.api.schema import error_responses
 from search.api.throttling import ApiRateThrottle
@@ -138,7 +138,7 @@ class CollectionListView(ApiView):
         serializer.is_valid(raise_exception=True)
         name = serializer.validated_data["name"]
         if self.scoped(Collection).filter(name=name).exists():
-            raise ApiError(
+            raise RestApiError(
                 status.HTTP_409_CONFLICT, "conflict", f"The workspace has a collection named {name!r}.", field="name"
             )
         collection = collection_create(workspace=self.workspace, **serializer.validated_data)
@@ -275,7 +275,7 @@ class DocumentRetryView(ApiView):
     def post(self, request, document_id: int):
         document = _document(self.workspace, document_id)
         if document.status != Document.Status.FAILED:
-            raise ApiError(
+            raise RestApiError(
                 status.HTTP_409_CONFLICT,
                 "not_failed",
                 f"Only a failed document can be retried; this one is {document.status}.",
@@ -551,5 +551,5 @@ class UsageView(ApiView):
 def endpoint_not_found(request):
     """Any other path under /api/v1/: a 404 in the API's shape (Django's would be an HTML page)."""
     return error_json(
-        ApiError(status.HTTP_404_NOT_FOUND, "not_found", f"No API endpoint at {request.path}: see /api/docs/.")
+        RestApiError(status.HTTP_404_NOT_FOUND, "not_found", f"No API endpoint at {request.path}: see /api/docs/.")
     )

@@ -17,7 +17,7 @@ extractive answer has no generation to admit, so it is admitted here (its reques
 against the key's requests per minute like any other), and released at once: it costs
 nothing.
 
-``ChatCompletion`` turns the events of the answer's stream (``answer_events``, over
+``ChatCompletion`` turns the events of the answer's stream (``completion_events``, over
 ``search.answers.answer_stream_aread``) into a ``chat.completion`` or its chunks.
 """
 
@@ -90,7 +90,7 @@ def _positive_int(body: dict, name: str) -> int | None:
 
 
 def request_parse(body) -> ChatRequest:
-    """The request, validated; ``ApiError`` (400) naming the field at fault."""
+    """The request, validated; ``OpenAIError`` (400) naming the field at fault."""
     if not isinstance(body, dict):
         raise invalid(None, "the request body must be a JSON object")
     model = body.get("model")
@@ -189,7 +189,7 @@ def chat_models() -> list[tuple[str, Route | None]]:
 
 def route_name_for(model: str) -> str | None:
     """The route a chat request's ``model`` names (None: the default one, or an extractive
-    answer without one); ``ApiError`` 404 ``model_not_found`` for a model nothing serves. A
+    answer without one); ``OpenAIError`` 404 ``model_not_found`` for a model nothing serves. A
     disabled route's name passes, and ``router.route_resolve`` refuses it with its reason."""
     if model == EXTRACTIVE_MODEL:
         return None
@@ -206,7 +206,7 @@ _PARAMS = {"question": "messages", "collections": None}
 
 
 def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
-    """Start the answer (synchronous: the database and the router); ``ApiError`` when it is refused."""
+    """Start the answer (synchronous: the database and the router); ``OpenAIError`` when it is refused."""
     route_name = route_name_for(chat.model)
     try:
         route = router.route_resolve(route_name)
@@ -255,46 +255,35 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
     return Started(answer=answer, model=model, created=int(answer.created_at.timestamp()))
 
 
-async def answer_events(started: Started) -> AsyncIterator[tuple[str, dict]]:
-    """The answer's ``delta``, then ``stats`` or ``error`` events; ``stats`` comes once the
-    answer is stored (its citations checked), with the stored answer as ``stats["answer"]``
-    (``search.answers.answer_record``); ``("keepalive", {})`` after
-    each quiet slice (and for map-reduce progress). Retry announcements are skipped. A
-    stream quiet for longer than a request can take (``ROUTER_DEADLINE_S`` plus the time a
-    request may wait in its queue) ends with an ``error`` of kind ``timeout``."""
-    idle_limit_s = settings.ROUTER_DEADLINE_S + limits.RESERVATION_MARGIN_S
-    after, idle_s = "0", 0.0
+async def completion_events(started: Started) -> AsyncIterator[tuple[str, dict]]:
+    """``search.answers.answer_events`` as a completion needs them: ``delta``, then ``stats``
+    or ``error``; ``stats`` comes once the answer is stored (its citations checked), with
+    the stored answer as ``stats["answer"]`` (``search.answers.answer_record``);
+    ``("keepalive", {})`` after each quiet slice (and for map-reduce progress). Retry
+    announcements are skipped. A stream quiet for longer than a request can take
+    (``ROUTER_DEADLINE_S`` plus the time a request may wait in its queue) ends with an
+    ``error`` of kind ``timeout``."""
     generation: dict = {}
-    # The first read knows the answer is generating (it was just started); after a quiet
-    # slice the stored answer is looked at again.
-    generating = started.answer.status == Answer.Status.GENERATING
-    while True:
-        try:
-            events = answers.answer_stream_aread(
-                started.answer.id, after=after, block_ms=READ_SLICE_MS, generating=generating
-            )
-            generating = False
-            async with aclosing(events):
-                async for event_id, kind, data in events:
-                    after, idle_s = event_id, 0.0
-                    if kind in ("delta", "error"):
-                        yield kind, data
-                        if kind == "error":
-                            return
-                    elif kind == "stats":
-                        generation = data  # the stored answer follows once its citations are checked
-                    elif kind == "answer":
-                        yield "stats", {**generation, "answer": data}
-                        return
-                    elif kind == "progress":
-                        yield "keepalive", {}
-            return
-        except TimeoutError:
-            idle_s += READ_SLICE_MS / 1000
-            if idle_s >= idle_limit_s:
-                yield "error", {"kind": "timeout", "message": f"the answer made no progress for {idle_s:g} s"}
+    events = answers.answer_events(
+        started.answer.id,
+        slice_ms=READ_SLICE_MS,
+        # The first read knows the answer is generating (it was just started).
+        generating=started.answer.status == Answer.Status.GENERATING,
+        quiet_limit_s=settings.ROUTER_DEADLINE_S + limits.RESERVATION_MARGIN_S,
+    )
+    async with aclosing(events):
+        async for event in events:
+            if event.kind in ("delta", "error"):
+                yield event.kind, event.data
+                if event.kind == "error":
+                    return
+            elif event.kind == "stats":
+                generation = event.data  # the stored answer follows once its citations are checked
+            elif event.kind == "answer":
+                yield "stats", {**generation, "answer": event.data}
                 return
-            yield "keepalive", {}
+            elif event.kind in ("progress", answers.QUIET):
+                yield "keepalive", {}
 
 
 # --------------------------------------------------------------------------- the OpenAI shapes

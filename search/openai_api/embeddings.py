@@ -33,7 +33,7 @@ from billing import ledger, limits
 from billing.models import ClientKey
 from search.embedders import DEFAULT_EMBEDDER, Embedder, EmbedderError, embedder_get
 from search.models import Collection
-from search.openai_api.errors import ApiError, from_domain, invalid, model_not_found
+from search.openai_api.errors import OpenAIError, from_domain, invalid, model_not_found
 from search.scoping import in_workspaces
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class EmbeddingRequest:
 
 
 def request_parse(body) -> EmbeddingRequest:
-    """The request, validated; ``ApiError`` (400) naming the field at fault."""
+    """The request, validated; ``OpenAIError`` (400) naming the field at fault."""
     if not isinstance(body, dict):
         raise invalid(None, "the request body must be a JSON object")
     model = body.get("model")
@@ -91,7 +91,7 @@ def _embedder_for(key: ClientKey, name: str) -> Embedder:
         return embedder_get(name)
     except EmbedderError as exc:
         message = f"the embedding model {name!r} cannot be used now: {exc}"
-        raise ApiError(503, message, code="model_unavailable") from None
+        raise OpenAIError(503, message, code="model_unavailable") from None
 
 
 def _token_counts(embedder: Embedder, inputs: list[str]) -> list[int]:
@@ -116,7 +116,7 @@ def _embed(embedder: Embedder, inputs: list[str]) -> np.ndarray:
     try:
         return embedder.embed_documents(inputs)
     except EmbedderError as exc:
-        raise ApiError(502, f"the embedding model failed: {exc}", code="embedding_failed") from None
+        raise OpenAIError(502, f"the embedding model failed: {exc}", code="embedding_failed") from None
 
 
 def _record(key: ClientKey, model: str, tokens: int, latency_ms: float, admission: limits.Admission) -> None:

@@ -36,7 +36,7 @@ _TYPES = {
 }
 
 
-class ApiError(Exception):
+class OpenAIError(Exception):
     """A request answered with an OpenAI-shaped error. ``retry_after_s``: when to come back
     (``Retry-After``); ``retryable=False`` tells the SDKs not to retry by themselves."""
 
@@ -77,24 +77,24 @@ class ApiError(Exception):
         return response
 
 
-def invalid(param: str | None, message: str, code: str = "invalid_value") -> ApiError:
+def invalid(param: str | None, message: str, code: str = "invalid_value") -> OpenAIError:
     """A 400 naming the field at fault."""
-    return ApiError(400, message, param=param, code=code)
+    return OpenAIError(400, message, param=param, code=code)
 
 
 _UNSET = object()
 
 
-def from_domain(error: DomainError, *, param=_UNSET) -> ApiError:
+def from_domain(error: DomainError, *, param=_UNSET) -> OpenAIError:
     """A refusal of the domain (``ragsite.errors.DomainError``) in OpenAI's shape: its status and
     code (a plain 400 is ``invalid_value``), ``param`` its field unless the caller names the
     request's own, ``Retry-After`` when it says when to retry. A 429 or 503 that cannot say when
     (no key will come back, a limit of 0 requests) tells the SDKs not to retry by themselves. A
     route that does not exist is OpenAI's 404 ``model_not_found``: a route is a model here."""
     if isinstance(error, RouteNotFound):
-        return ApiError(404, error.message, param="model", code="model_not_found")
+        return OpenAIError(404, error.message, param="model", code="model_not_found")
     final = error.status in (429, 503) and error.retry_after_s is None
-    return ApiError(
+    return OpenAIError(
         error.status,
         error.message,
         param=error.field if param is _UNSET else param,
@@ -104,9 +104,9 @@ def from_domain(error: DomainError, *, param=_UNSET) -> ApiError:
     )
 
 
-def model_not_found(model: str, known: list[str]) -> ApiError:
+def model_not_found(model: str, known: list[str]) -> OpenAIError:
     """OpenAI's answer to a model it does not serve: 404, naming the model and what is served."""
-    return ApiError(
+    return OpenAIError(
         404,
         f"the model {model!r} does not exist or you do not have access to it: use one of {', '.join(known)}",
         param="model",
@@ -124,7 +124,7 @@ _GENERATION_STATUS = {
 }
 
 
-def from_generation(error: dict) -> ApiError:
+def from_generation(error: dict) -> OpenAIError:
     """A failed generation: 503 when nothing could serve (with ``Retry-After``), 400 for a
     request the backend refused naming a field, 504 for a deadline, 502 otherwise (the
     upstream or the engine failed)."""
@@ -134,7 +134,7 @@ def from_generation(error: dict) -> ApiError:
     # The event's own "retryable" is about the same stream (not after tokens were shown); a
     # new request from the client starts afresh, so only what fails everywhere is final.
     final = kind in ("bad_request", "invalid_request") or (kind == "unavailable" and retry_after_s is None)
-    return ApiError(
+    return OpenAIError(
         status,
         str(error.get("message") or "the generation failed"),
         param=error.get("field") if status == 400 else None,

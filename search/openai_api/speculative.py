@@ -69,7 +69,7 @@ def _bool(value, param: str) -> bool:
 
 
 def parse(body: dict) -> SpeculativeRequest:
-    """The speculative fields of a chat request, validated; ``ApiError`` (400) naming the field."""
+    """The speculative fields of a chat request, validated; ``OpenAIError`` (400) naming the field."""
     enabled = None
     if body.get("enable_speculative") is not None:
         enabled = _bool(body["enable_speculative"], "enable_speculative")

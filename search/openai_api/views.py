@@ -29,7 +29,7 @@ from search.embedders import DEFAULT_EMBEDDER
 from search.models import Collection
 from search.openai_api import chat as chat_api
 from search.openai_api import embeddings as embeddings_api
-from search.openai_api.errors import ApiError, from_domain, from_generation, invalid, model_not_found
+from search.openai_api.errors import OpenAIError, from_domain, from_generation, invalid, model_not_found
 from search.scoping import in_workspaces
 
 logger = logging.getLogger(__name__)
@@ -46,18 +46,18 @@ def api_view(*methods: str):
             try:
                 if request.method not in methods:
                     message = f"{request.method} is not allowed here; use {' or '.join(methods)}"
-                    raise ApiError(405, message, code="method_not_allowed")
+                    raise OpenAIError(405, message, code="method_not_allowed")
                 return await view(request, *args, **kwargs)
-            except ApiError as exc:
+            except OpenAIError as exc:
                 return exc.response()
             except Exception as exc:
                 if service := outage_of(exc):
                     log_outage(service, request, exc)
-                    return ApiError(
+                    return OpenAIError(
                         503, outage_message(service), code="service_unavailable", retry_after_s=RETRY_AFTER_S
                     ).response()
                 logger.exception("OpenAI-compatible API: %s %s failed", request.method, request.path)
-                return ApiError(500, "the server failed to answer this request", code="internal_error").response()
+                return OpenAIError(500, "the server failed to answer this request", code="internal_error").response()
 
         return wrapper
 
@@ -129,7 +129,7 @@ async def model_retrieve(request, model_id: str):
 async def chat_completions(request):
     chat, started = await sync_to_async(_chat_start)(request)
     completion = chat_api.ChatCompletion(started)
-    events = chat_api.answer_events(started)
+    events = chat_api.completion_events(started)
     if not chat.stream:
         async with aclosing(events):
             async for kind, data in events:
@@ -139,7 +139,7 @@ async def chat_completions(request):
                     return _with_request_id(JsonResponse(completion.completion(data)), started)
                 elif kind == "error":
                     raise from_generation(data)
-        raise ApiError(502, "the answer's stream ended without a result", code="generation_failed")
+        raise OpenAIError(502, "the answer's stream ended without a result", code="generation_failed")
 
     # Wait for the first event before answering, so that a generation that fails at once
     # (nothing can serve, the upstream refused the request) gets its own HTTP status.
@@ -208,7 +208,7 @@ async def _sse(
                     yield _data(from_generation(data).body())
     except Exception:
         logger.exception("OpenAI-compatible API: the stream of answer %s failed", completion.answer.id)
-        yield _data(ApiError(500, "the server failed while streaming", code="internal_error").body())
+        yield _data(OpenAIError(500, "the server failed while streaming", code="internal_error").body())
     finally:
         await events.aclose()
 
@@ -227,7 +227,7 @@ async def embeddings(request):
 
 @api_view("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 async def not_found(request):
-    raise ApiError(
+    raise OpenAIError(
         404,
         f"no endpoint {request.method} {request.path}; this API serves /v1/models, /v1/chat/completions and "
         "/v1/embeddings",

@@ -2,7 +2,7 @@
 
 Pages are server-rendered templates. htmx (from the django-htmx wheel) asks for fragments:
 the Ask panel, upload reports, retry/delete, and the documents' status, polled every
-second while a document is in progress. ``answer_events`` serves an answer's stream as
+second while a document is in progress. ``answer_event_stream`` serves an answer's stream as
 Server-Sent Events; it is ``async`` and returns a StreamingHttpResponse over an async
 generator, because under ASGI Django buffers a synchronous iterator whole before sending
 any of it. Who may see what: ``search.ui.workspaces``.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass
 
 import redis
@@ -27,7 +26,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from inference.errors import RouteUnavailable
-from search.answers import AnswerError, answer_create, answer_stream_aread
+from search.answers import QUIET, AnswerError, answer_create, answer_events, event_id_valid
 from search.models import Answer, Chunk, Document
 from search.scoping import in_workspaces, workspaces_visible_to
 from search.selectors import SearchError, chunk_search
@@ -49,7 +48,6 @@ FINAL_ANSWER_STATUSES = (Answer.Status.DONE, Answer.Status.FAILED)
 SSE_KEEPALIVE_MS = 15000
 # When the connection drops, the browser reconnects after this long with the last event id.
 SSE_RETRY_MS = 3000
-_STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
 def _form_errors(form) -> str:
@@ -162,7 +160,7 @@ def answers(request):
 
 
 @require_GET
-async def answer_events(request, answer_id):
+async def answer_event_stream(request, answer_id):
     """An answer's events as Server-Sent Events: ``delta``, ``retry``, ``progress``, then
     ``stats`` or ``error``, each with its stream id, so that the browser's automatic
     reconnection resumes after the last event it received (``Last-Event-ID``)."""
@@ -173,7 +171,7 @@ async def answer_events(request, answer_id):
         raise Http404("no such answer")
     after = request.headers.get("Last-Event-ID", "")
     response = StreamingHttpResponse(
-        _answer_event_stream(answer_id, after if _STREAM_ID.fullmatch(after) else "0"),
+        _answer_event_stream(answer_id, after if event_id_valid(after) else "0"),
         content_type="text/event-stream",
     )
     response["Cache-Control"] = "no-cache"
@@ -186,25 +184,19 @@ def _answer_visible(user, answer_id) -> bool:
 
 
 async def _answer_event_stream(answer_id, after: str):
+    """``search.answers.answer_events`` as Server-Sent Events."""
     yield f"retry: {SSE_RETRY_MS}\n\n"
-    last = after
-    while True:
-        try:
-            async for event_id, kind, data in answer_stream_aread(answer_id, after=last, block_ms=SSE_KEEPALIVE_MS):
-                last = event_id
-                yield f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
-            return
-        except TimeoutError:
-            yield ": keep-alive\n\n"
-        except Answer.DoesNotExist:
-            message = json.dumps({"field": None, "kind": "answer_deleted", "message": "the answer was deleted"})
-            yield f"event: error\ndata: {message}\n\n"
-            return
-        except redis.RedisError:
-            # Ending without a terminal event makes the browser reconnect (from the last
-            # id) after SSE_RETRY_MS, by which time Redis may be back.
-            logger.warning("answer %s: its stream could not be read", answer_id, exc_info=True)
-            return
+    try:
+        async for event in answer_events(answer_id, after=after, slice_ms=SSE_KEEPALIVE_MS):
+            if event.kind == QUIET:
+                yield ": keep-alive\n\n"
+                continue
+            data = json.dumps(event.data, separators=(",", ":"))
+            yield (f"id: {event.id}\n" if event.id else "") + f"event: {event.kind}\ndata: {data}\n\n"
+    except redis.RedisError:
+        # Ending without a terminal event makes the browser reconnect (from the last id)
+        # after SSE_RETRY_MS, by which time Redis may be back.
+        logger.warning("answer %s: its stream could not be read", answer_id, exc_info=True)
 
 
 @require_GET

@@ -7,11 +7,11 @@ import pytest
 
 from inference.models import Provider, Route
 from search.openai_api import speculative
-from search.openai_api.errors import ApiError
+from search.openai_api.errors import OpenAIError
 
 
-def refused(body: dict) -> ApiError:
-    with pytest.raises(ApiError) as caught:
+def refused(body: dict) -> OpenAIError:
+    with pytest.raises(OpenAIError) as caught:
         speculative.parse(body)
     assert caught.value.status == 400
     return caught.value
@@ -54,7 +54,7 @@ def test_the_speculative_temperature_is_the_requests_temperature():
     options = speculative.parse({"speculative_decoding": {"temperature": 0.7}})
     assert speculative.temperature_for(options, None) == 0.7
     assert speculative.temperature_for(options, 0.7) == 0.7
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(OpenAIError) as caught:
         speculative.temperature_for(options, 0.2)
     assert caught.value.param == "speculative_decoding.temperature"
     assert speculative.temperature_for(speculative.parse({}), 0.2) == 0.2
@@ -103,7 +103,7 @@ def test_options_no_pool_of_the_model_serves_are_refused_naming_the_field():
         ({"enable_speculative": False}, "enable_speculative", "decodes speculatively (ngram)"),
         ({"enable_speculative": True, "draft_model": "huge-70b"}, "draft_model", "has no draft model"),
     ]:
-        with pytest.raises(ApiError) as caught:
+        with pytest.raises(OpenAIError) as caught:
             chosen(body, route)
         assert (caught.value.status, caught.value.param) == (400, param)
         assert says in caught.value.message and "there is no other" in caught.value.message
