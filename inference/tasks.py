@@ -57,8 +57,9 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
     the stream ``gen:<request_id>``, one ledger entry (the row, and the outcome for
     ``payload["outcome_to"]``). Sent to queue ``gpu`` for the local pool and ``remote`` for
     an upstream; returns ``Outcome.result``, what the entry carries (text, stats, error,
-    route, provider, arm, attempts): no result is stored (``ignore_result``), and the
-    worker's log line withholds it (``ragsite.logs``).
+    route, provider, arm, attempts), or ``{"skipped"}``/``{"error"}`` for a message that
+    came back: no result is stored (``ignore_result``), and the worker's log line withholds
+    it (``ragsite.logs``).
 
     When the request must go on on the other queue (a fallback route on the local pool,
     reached from the remote worker, or the reverse), this task is replaced by one on that
@@ -71,7 +72,7 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
     # broker's visibility timeout) finds its stream already started. It is never run twice:
     # the stream may hold tokens a reader has shown, and a second answer would be billed twice.
     if last in TERMINAL:
-        return {"request_id": request_id, "status": "skipped: already finished"}
+        return {"skipped": "already finished"}
     if events > expected:  # ``expected``: the events a handover found there, not a restart
         # Mid-stream: end the stream and queue the ledger row together, as the parent of a
         # dead pool process does.
@@ -109,7 +110,7 @@ def _end_after_redis_outage(request_id: str, payload: dict, exc: Exception) -> d
     reason = f"Redis, which holds the answer's stream, was unreachable during the generation ({type(exc).__name__})"
     lost_generation_end(request_id, payload, reason)
     _ledger_drain_soon(request_id)
-    return {"request_id": request_id, "status": "error: redis_unreachable"}
+    return {"error": "redis_unreachable"}
 
 
 def _interrupted_routed_end(request_id: str, payload: dict, events: int) -> dict:
@@ -120,7 +121,7 @@ def _interrupted_routed_end(request_id: str, payload: dict, events: int) -> dict
     )
     lost_generation_end(request_id, payload, reason)
     _ledger_drain_soon(request_id)
-    return {"request_id": request_id, "status": "error: interrupted"}
+    return {"error": "interrupted"}
 
 
 def _ledger_drain_soon(request_id: str) -> None:

@@ -70,6 +70,7 @@ def test_a_finished_request_that_comes_back_is_skipped(upstream_route, upstream_
     assert again == {"skipped": "already finished"}
     assert events_of(request_id) == streamed  # nothing appended
     assert len(upstream_log(upstream_server, secret)) == 1  # and nothing asked of the upstream
+    ledger.usage_records_store()  # the drain the task sent to queue default, run here
     assert UsageRecord.objects.filter(request_id=request_id).count() == 1
 
 
@@ -91,7 +92,8 @@ def test_a_stream_a_lost_worker_left_open_is_ended_and_billed_not_restarted(upst
         "back to another worker; the request was not retried",
     }
     assert upstream_log(upstream_server, secret) == []
-    row = UsageRecord.objects.get(request_id=request_id)  # stored by the task's own drain
+    ledger.usage_records_store()  # the drain the task sent to queue default, run here
+    row = UsageRecord.objects.get(request_id=request_id)
     assert (row.status, row.error_class, row.completion_tokens, row.attempts, row.route_id) == (
         "error",
         "worker_lost",
@@ -102,6 +104,7 @@ def test_a_stream_a_lost_worker_left_open_is_ended_and_billed_not_restarted(upst
     assert row.upstream_key_id is None and row.prompt_tokens > 0  # estimated: the upstream had read it
     # Redelivered once more: the stream has ended now.
     assert generate_routed.run(request_id, body) == {"skipped": "already finished"}
+    ledger.usage_records_store()
     assert UsageRecord.objects.filter(request_id=request_id).count() == 1
 
 
@@ -130,6 +133,7 @@ def test_a_handed_over_request_runs_on_past_the_events_it_expects_and_only_once(
     assert events[0][1]["route"] == fallback.name and events[0][1]["kind"] == "connection"
     assert generate_routed.run(request_id, body) == {"skipped": "already finished"}
     assert len(upstream_log(upstream_server, secret)) == 1
+    ledger.usage_records_store()  # the drain the task sent to queue default, run here
     assert UsageRecord.objects.filter(request_id=request_id).count() == 1
 
     # The same hand-over, but the receiving worker had streamed a delta before it vanished.
