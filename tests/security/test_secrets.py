@@ -39,8 +39,11 @@ REPLY = "The Atlas-7 robot runs for 10 hours on one charge [1]."
 
 
 def secret_forms(secret: str) -> set[str]:
-    """The secret as it could leak: itself, its body without the prefix, base64 of either."""
-    forms = {secret, secret.split("_")[-1] if secret.startswith("rk_") else secret[8:]}
+    """The secret as it could leak: itself, its body without the prefix, base64 of either. A
+    client key's body is what follows ``rk_<prefix>_``: URL-safe base64 has ``_`` in its
+    alphabet, so the body's own last ``_`` must not cut it (its tail could be the last four
+    characters the key's row keeps on purpose)."""
+    forms = {secret, secret.split("_", 2)[2] if secret.startswith("rk_") else secret[8:]}
     return forms | {base64.b64encode(form.encode()).decode() for form in forms}
 
 
