@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import aclosing
 
 from asgiref.sync import sync_to_async
 from django.http import HttpResponse, StreamingHttpResponse
@@ -91,13 +92,15 @@ async def _events(answer_id, after: str):
     loop = asyncio.get_running_loop()
     deadline = loop.time() + STREAM_MAX_SECONDS
     yield f"retry: {RECONNECT_MS}\n\n"
-    async for event in answer_events(answer_id, after=after, slice_ms=int(KEEPALIVE_SECONDS * 1000)):
-        if event.kind != QUIET:
-            yield sse_event(event.kind, event.id, event.data)
-        elif loop.time() >= deadline:
-            return
-        else:
-            yield ": keep-alive\n\n"
+    events = answer_events(answer_id, after=after, slice_ms=int(KEEPALIVE_SECONDS * 1000))
+    async with aclosing(events):  # closed at once when the deadline ends the response early
+        async for event in events:
+            if event.kind != QUIET:
+                yield sse_event(event.kind, event.id, event.data)
+            elif loop.time() >= deadline:
+                return
+            else:
+                yield ": keep-alive\n\n"
 
 
 @csrf_exempt  # GET only; other methods get the API's 405 rather than Django's HTML CSRF 403
