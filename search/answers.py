@@ -47,7 +47,7 @@ from datetime import timedelta
 
 import redis
 from asgiref.sync import sync_to_async
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from billing import ledger, limits
@@ -61,6 +61,7 @@ from inference.streams import StreamWriter, stream_aread, stream_key, stream_rea
 from ragsite import metrics
 from ragsite.errors import DomainError
 from ragsite.logs import request_received_at
+from ragsite.outages import outage_of
 from ragsite.redis import redis_async_client, redis_client
 from search import abstention, prompting
 from search.extractive import extractive_answer
@@ -465,10 +466,6 @@ def _outcome_read(outcome: dict) -> dict:
     }
 
 
-# Failures worth taking the outcome again for: the entry stays pending and is claimed later.
-TRANSIENT_ERRORS = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError)
-
-
 @ledger.outcome_consumer(OUTCOME_KIND)
 def generation_outcome_take(outcome: dict) -> None:
     """The consumer of outcomes addressed to answers (``billing.ledger`` calls it after the
@@ -483,9 +480,10 @@ def generation_outcome_take(outcome: dict) -> None:
             answer_map_collect(answer_id=answer_id, index=int(to["map"]), outcome=outcome)
         else:
             answer_finalize(answer_id=answer_id, outcome=outcome)
-    except TRANSIENT_ERRORS:
-        raise
-    except Exception as exc:  # a bug must not leave the answer generating for ever
+    except Exception as exc:
+        if outage_of(exc):  # the database or Redis away: the entry stays pending, claimed later
+            raise
+        # A bug must not leave the answer generating for ever.
         logger.exception("answer %s: the outcome of %s could not be stored", answer_id, outcome.get("request_id"))
         answer_fail(answer_id, f"the answer could not be stored: {type(exc).__name__}", end_stream=True)
 

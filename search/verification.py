@@ -483,20 +483,22 @@ def _unit_terms(text: str) -> frozenset[str]:
     return frozenset(term for term in _fallback_terms(text) if not term.isdigit()) | _values(text)
 
 
-def _value_terms(text: str) -> dict[str, frozenset[str]]:
-    """For each value of ``text``, the terms of the units that hold it: a value is stated of
-    what stands beside it (a table row, a list item, a sentence), not of the whole passage."""
+def _value_terms(units: list[str]) -> dict[str, frozenset[str]]:
+    """For each value of a passage, the terms of its ``units`` that hold it: a value is stated
+    of what stands beside it (a table row, a list item, a sentence), not of the whole passage."""
     found: dict[str, set[str]] = {}
-    for unit in passage_units(text):
+    for unit in units:
         terms = _unit_terms(unit)
         for value in _values(unit):
             found.setdefault(value, set()).update(terms)
     return {value: frozenset(terms - {value}) for value, terms in found.items()}
 
 
-def _evidence(texts: list[str], content_texts: list[str], config: str | None, *, claims: int = 0) -> list[_Evidence]:
+def _evidence(
+    texts: list[str], content_texts: list[str], config: str | None, *, claims: int = 0, units: list[list[str]] = ()
+) -> list[_Evidence]:
     """The first ``claims`` texts are claims (their terms kept), the rest passages (the
-    context of each of their values kept)."""
+    context of each of their values kept, from their ``units``: ``passage_units``)."""
     lexeme_sets = _lexemes(content_texts, config)
     return [
         _Evidence(
@@ -505,7 +507,7 @@ def _evidence(texts: list[str], content_texts: list[str], config: str | None, *,
             values=frozenset(_values(text)),
             tokens=frozenset(_tokens(text)),
             terms=_unit_terms(text) if index < claims else frozenset(),
-            value_terms=_value_terms(text) if index >= claims else {},
+            value_terms=_value_terms(units[index - claims]) if index >= claims else {},
         )
         for index, (text, lexemes) in enumerate(zip(texts, lexeme_sets, strict=True))
     ]
@@ -640,7 +642,11 @@ def support_table(
     units = [passage_units(text) for text in passages]
     owner = np.array([index for index, group in enumerate(units) for _ in group], dtype=np.int64)
     evidence = _evidence(
-        claims + passages, [_content(text) for text in claims] + passages, text_search_config, claims=len(claims)
+        claims + passages,
+        [_content(text) for text in claims] + passages,
+        text_search_config,
+        claims=len(claims),
+        units=units,
     )
     claim_evidence, passage_evidence = evidence[: len(claims)], evidence[len(claims) :]
     dense = None
