@@ -154,9 +154,10 @@ def collection_load(collection, passages, tokens, picks, vectors) -> dict[str, f
     from django.db import connection, transaction
     from django.utils import timezone
 
+    from search.bm25 import statistics_rebuild
     from search.embedders import embedder_get
+    from search.ingest.chunk_writes import chunks_insert
     from search.ingest.chunking import TextChunk
-    from search.ingest.pipeline import chunks_insert, collection_statistics_rebuild
     from search.models import Collection, Document
     from search.vector_indexes import BM25_INDEX_NAME, index_name
 
@@ -210,7 +211,7 @@ def collection_load(collection, passages, tokens, picks, vectors) -> dict[str, f
         steps["insert"] = time.perf_counter() - begun
         # Document frequencies and lengths counted once for the whole load.
         begun = time.perf_counter()
-        chunk_count, lexemes = collection_statistics_rebuild(cursor, collection.pk)
+        chunk_count, lexemes = statistics_rebuild(cursor, collection.pk)
         Collection.objects.filter(pk=collection.pk).update(
             chunk_count=chunk_count, lexeme_total=lexemes, bm25_avgdl=avgdl
         )

@@ -9,7 +9,7 @@ entropy, so there is nothing to brute-force, and every API request checks one.
 ``client_key_authenticate`` finds the row by prefix and compares hashes with ``hmac.compare_digest``
 (constant time); an unknown prefix is compared against a dummy hash too, so both failures
 take the same path. Every refusal is a ``ClientKeyError`` whose ``code`` and ``status`` the
-APIs turn into their error shapes (search/api/errors.py, search/openai_api/errors.py):
+APIs turn into their error shapes (frontdoors/api/errors.py, frontdoors/openai_api/errors.py):
 401 for a missing, malformed, unknown, expired or revoked key, 403 for a key without the
 scope. ``last_used_at`` is written at most once a minute per key (a conditional UPDATE,
 sent only when the loaded value is older than that).

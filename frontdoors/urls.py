@@ -11,7 +11,7 @@ admin.site.site_title = "RAG search admin"
 admin.site.index_template = "billing/dashboard/admin_index.html"  # the admin index, with links to the dashboards
 
 urlpatterns = [
-    path("", include("search.ui.urls")),  # the browser UI; its search page is the home page
+    path("", include("frontdoors.ui.urls")),  # the browser UI; its search page is the home page
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="login"), name="logout"),
     path("healthz", readiness.healthz, name="healthz"),
@@ -19,8 +19,8 @@ urlpatterns = [
     path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True), name="favicon"),
     path("readyz", readiness.readyz, name="readyz"),
     path("metrics", scrape.metrics_view, name="metrics"),  # Prometheus; token: METRICS_TOKEN
-    path("api/", include("search.api.urls")),
+    path("api/", include("frontdoors.api.urls")),
     path("admin/billing/dashboard/", include("frontdoors.dashboard_urls")),
     path("admin/", admin.site.urls),
-    path("v1/", include("search.openai_api.urls")),
+    path("v1/", include("frontdoors.openai_api.urls")),
 ]

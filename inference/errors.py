@@ -1,5 +1,5 @@
-"""What routing refuses, each with what the API answers (``search/api/errors.py`` and
-``search/openai_api/errors.py`` render them)."""
+"""What routing refuses, each with what the API answers (``frontdoors/api/errors.py`` and
+``frontdoors/openai_api/errors.py`` render them)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ class RouteUnavailable(DomainError):
 
 class SpeculationUnavailable(DomainError, ValueError):
     """No endpoint of the route's model serves the request's speculative options: a 400
-    naming ``field`` (speculation is fixed when an engine server starts)."""
+    naming ``field`` (speculation is fixed when an engine server starts). A draft model no
+    endpoint was started with is a model that is not served: code ``model_not_found``."""
 
     def __init__(self, field: str, message: str):
-        super().__init__(message, field=field)
+        super().__init__(message, field=field, code="model_not_found" if field == "draft_model" else None)

@@ -37,6 +37,15 @@ class Plan:
     arm: str  # "" without a live release, else "stable" or "canary"
     # Whether the serving route's provider had a usable key when planned (None: not known).
     key_usable: bool | None = None
+    # The request's speculative options (``{"enabled", "draft_model", "k"}``, None: the route's
+    # own), and the endpoint chosen for them when it is not the route's own provider.
+    speculative: dict | None = None
+    speculating_provider: Provider | None = None
+
+    @property
+    def provider(self) -> Provider:
+        """The endpoint that serves the request."""
+        return self.speculating_provider or self.route.provider
 
 
 @functools.cache
@@ -124,12 +133,22 @@ def route_resolve(route_name: str | None) -> Route:
     return _resolve(route_name).route
 
 
-def plan(*, route_name: str | None = None, client_id: str = "", request_id: str | None = None) -> Plan:
+def plan(
+    *,
+    route_name: str | None = None,
+    client_id: str = "",
+    request_id: str | None = None,
+    speculative: dict | None = None,
+) -> Plan:
     """The route and arm of a request: the route, its provider, live release, canary route
     and provider, and whether they have a usable key (``_resolve``: one query, or only the
     routing version's when nothing changed since this process last asked), and the sticky
     arm (``canary.arm_of``), decided as ``canary.arm_for`` does. ``PoolWarming`` while the
-    serving route's GPU pool is starting."""
+    serving route's GPU pool is starting.
+
+    ``speculative``: the request's speculative options, checked here and only here against
+    the serving route's endpoints (``provider_for_speculation``; ``SpeculationUnavailable``
+    names the request's field), before anything of the request is done."""
     resolved = _resolve(route_name)
     requested, release = resolved.route, resolved.release
     if release is None:
@@ -148,6 +167,8 @@ def plan(*, route_name: str | None = None, client_id: str = "", request_id: str 
         release=release,
         arm=arm,
         key_usable=_usable(resolved.canary_usable_from if arm == canary.CANARY else resolved.usable_from),
+        speculative=speculative or None,
+        speculating_provider=provider_for_speculation(serving, speculative) if speculative else None,
     )
 
 
@@ -200,16 +221,13 @@ def payload_for(
     user_id: int | None = None,
     client_key_id: int | None = None,
     admission: dict | None = None,
-    speculative: dict | None = None,
-    provider: Provider | None = None,
     outcome_to: dict | None = None,
 ) -> dict:
     """The task's payload: ids and the request, the route's defaults where the request is silent.
 
-    ``speculative``: the request's speculative options (``{"enabled", "draft_model", "k"}``),
-    which its fallbacks must meet too; ``provider``: the endpoint chosen for them
-    (``provider_for_speculation``) when it is not the route's own."""
-    route = plan.route
+    The plan's speculative options travel with it (its fallbacks must meet them too), and the
+    endpoint chosen for them when it is not the route's own."""
+    route, provider = plan.route, plan.provider
     return {
         "route_id": route.id,
         "requested_route_id": plan.requested_route.id,
@@ -226,8 +244,8 @@ def payload_for(
         "client_key_id": client_key_id,
         # The client key's admission (billing.limits.Admission.as_json), settled with the ledger row.
         "admission": admission,
-        "speculative": speculative,
-        "provider_id": provider.id if provider is not None and provider.id != route.provider_id else None,
+        "speculative": plan.speculative,
+        "provider_id": provider.id if provider.id != route.provider_id else None,
         # The web request's X-Request-ID (ragsite/logs.py): the ledger row keeps it even when the
         # row is written by a dead worker's parent, which runs no task of this request.
         "trace_id": current_request_id(),
@@ -237,10 +255,8 @@ def payload_for(
 
 
 def submit(plan: Plan, **request) -> None:
-    """Enqueue the generation (``request``: the keyword arguments of ``payload_for`` but
-    ``provider``, chosen here for the request's speculative options).
-
-    Raises ``SpeculationUnavailable`` when no endpoint serves those options.
+    """Enqueue the generation (``request``: the keyword arguments of ``payload_for``) to the
+    endpoint the plan chose (``Plan.provider``).
 
     Raises ``RouteUnavailable`` (with ``retry_after_s``) before enqueueing when every key
     that could serve is cooling down or disabled: the API answers 503 with ``Retry-After``.
@@ -250,9 +266,8 @@ def submit(plan: Plan, **request) -> None:
     the consumer registered for that kind (``billing.ledger.outcome_consumer``).
     """
     check_available(plan.route, key_usable=plan.key_usable)
-    options = request.get("speculative")
-    serving = provider_for_speculation(plan.route, options) if options else plan.route.provider
-    payload = payload_for(plan, provider=serving, **request)
+    serving = plan.provider
+    payload = payload_for(plan, **request)
     queue = plan.route.provider.queue
     if serving.is_local:  # PoolFull (503, Retry-After) when the pool's engines hold their bound of waiting requests
         backpressure.pool_admit(serving)

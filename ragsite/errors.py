@@ -2,8 +2,8 @@
 
 A ``DomainError`` carries what the APIs need: a stable ``code``, the HTTP ``status``, the request
 ``field`` at fault (if one is) and, for 429 and 503, when to retry (``retry_after_s``). Subclasses
-set their defaults as class attributes; ``search/api/errors.py`` renders them in the REST API's
-shape, ``search/openai_api/errors.py`` in OpenAI's.
+set their defaults as class attributes; ``frontdoors/api/errors.py`` renders them in the REST API's
+shape, ``frontdoors/openai_api/errors.py`` in OpenAI's.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ instead of a traceback per request.
 Django and the Redis client raise their own errors when a service cannot be reached
 mid-request (``OperationalError``/``InterfaceError`` from the database, ``ConnectionError``/
 ``TimeoutError`` from Redis, kombu's ``OperationalError`` when a task cannot be published).
-``outage_of`` names the service; the REST API (search/api/errors.py) and the OpenAI-compatible
-API (search/openai_api/views.py) answer in their error shapes, and ``OutageMiddleware``
+``outage_of`` names the service; the REST API (frontdoors/api/errors.py) and the OpenAI-compatible
+API (frontdoors/openai_api/views.py) answer in their error shapes, and ``OutageMiddleware``
 answers for every other view (the UI, the admin): a short page saying what is down. Once the
 service is back, the next request reconnects (``CONN_HEALTH_CHECKS`` for the database, the
 Redis client's own reconnect), with no process restarted.

@@ -436,7 +436,7 @@ REST_FRAMEWORK = {
     # The browser's session (with DRF's CSRF check) where a view names nothing else (the v1
     # views add bearer client keys); not HTTP Basic: passwords go into the login form only.
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
-    # REST API v1 (search/api/throttling.py): requests per client (API key, else user) on
+    # REST API v1 (frontdoors/api/throttling.py): requests per client (API key, else user) on
     # the endpoints other than creating answers, which billing.limits meters per key.
     "DEFAULT_THROTTLE_RATES": {"api": "600/minute"},
 }
@@ -454,10 +454,10 @@ SPECTACULAR_SETTINGS = {
         "AnswerModeEnum": "search.models.Answer.Mode",
         "SearchModeEnum": "search.selectors.MODES",
     },
-    "PREPROCESSING_HOOKS": ["search.api.schema.api_v1_only"],
+    "PREPROCESSING_HOOKS": ["frontdoors.api.schema.api_v1_only"],
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "search.api.schema.add_answer_stream",
+        "frontdoors.api.schema.add_answer_stream",
     ],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

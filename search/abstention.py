@@ -39,10 +39,10 @@ import numpy as np
 from django.core.cache import cache
 from django.db import DatabaseError
 
+from search.bm25 import texts_lexemes
 from search.embedders import EmbedderError, embedder_get, query_embedding
 from search.models import Chunk
 from search.prompting import Source
-from search.selectors import texts_lexemes
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 ``answer_create`` is the one entry point (UI, REST API, OpenAI-compatible endpoint):
 
-1. validates the question and the collections (``AnswerError`` names the field);
+1. validates the question (``AnswerError`` names the field) and the collections
+   (``search.scoping.collections_chosen``);
 2. stores the ``Answer`` (``queued``) and asks the router for a route and canary arm
    (``inference.router.plan``, request id = the answer's id);
 3. retrieves with ``chunk_search`` (hybrid) and builds the prompt within the serving
@@ -55,7 +56,7 @@ from billing.limits import LimitExceeded
 from billing.models import ClientKey
 from inference import router
 from inference.errors import NoRouteConfigured, PoolWarming, RouteNotFound, RouteUnavailable, SpeculationUnavailable
-from inference.models import Route
+from inference.models import Provider, Route
 from inference.remote import trim_repetition
 from inference.streams import StreamWriter, stream_aread, stream_key, stream_read
 from ragsite import metrics
@@ -66,6 +67,7 @@ from ragsite.redis import redis_async_client, redis_client
 from search import abstention, prompting
 from search.extractive import extractive_answer
 from search.models import Answer, Chunk, Collection, Workspace
+from search.scoping import collections_chosen
 from search.selectors import SearchError, chunk_search
 from search.verification import answer_verify
 
@@ -113,9 +115,10 @@ def answer_create(
     ``client_key``: the API key asking (``billing.models.ClientKey``): each generation
     request is admitted against its limits first (``billing.limits``) and billed to it.
     ``speculative``: this request's speculative options (``{"enabled", "draft_model", "k"}``),
-    which choose the endpoint that serves it (``inference.router.submit``); None: the route's.
+    which choose the endpoint that serves it (``inference.router.plan``); None: the route's.
     Returns the stored answer: ``generating`` (follow ``answer_stream_read``), or ``done``
-    when extractive. Raises ``AnswerError``, ``RouteNotFound``, ``RouteUnavailable`` or
+    when extractive. Raises ``AnswerError``, ``CollectionNotFound``, ``RouteNotFound``,
+    ``SpeculationUnavailable`` (before any retrieval), ``RouteUnavailable`` or
     ``billing.limits.LimitExceeded``.
     """
     question = (question or "").strip()
@@ -131,7 +134,7 @@ def answer_create(
         raise AnswerError("max_tokens", f"max_tokens must be a positive integer, got {max_tokens!r}")
     if temperature is not None and not (isinstance(temperature, int | float) and temperature >= 0):
         raise AnswerError("temperature", f"temperature must be a number >= 0, got {temperature!r}")
-    chosen = _collections_resolve(workspace, collections)
+    chosen = collections_chosen(workspace, collections)
     client_id = (client_id or (str(asker.pk) if asker is not None else ""))[:100]
 
     started = time.perf_counter()
@@ -166,34 +169,12 @@ def _reason(exc: Exception) -> str:
     return f"the answer could not be started: {type(exc).__name__}: {exc}"
 
 
-def _collections_resolve(workspace: Workspace, collections) -> list[Collection]:
-    if collections is None:
-        return list(Collection.objects.filter(workspace=workspace).order_by("pk"))
-    ids = []
-    for item in collections:
-        if isinstance(item, Collection):
-            ids.append(item.pk)
-        else:
-            try:
-                ids.append(int(item))
-            except (TypeError, ValueError):
-                raise AnswerError("collections", f"{item!r} is not a collection id") from None
-    if not ids:
-        raise AnswerError("collections", "choose at least one collection, or leave collections out to search all")
-    found = list(Collection.objects.filter(workspace=workspace, pk__in=ids).order_by("pk"))
-    missing = sorted(set(ids) - {collection.pk for collection in found})
-    if missing:
-        raise AnswerError(
-            "collections",
-            f"no collection with id {', '.join(map(str, missing))} in workspace {workspace.slug!r}",
-        )
-    return found
-
-
 def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature, started, speculative) -> Answer:
     why_extractive = None
     try:
-        plan = router.plan(route_name=route_name, client_id=answer.client_id, request_id=str(answer.id))
+        plan = router.plan(
+            route_name=route_name, client_id=answer.client_id, request_id=str(answer.id), speculative=speculative
+        )
     except PoolWarming:
         plan, why_extractive = None, "the generation model is still starting"
     except NoRouteConfigured:
@@ -204,7 +185,8 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         result = chunk_search(
             query=answer.question,
             workspace=answer.workspace,
-            collection_ids=[collection.pk for collection in collections],
+            # None: a workspace without collections (an empty list names none, which is refused).
+            collection_ids=[collection.pk for collection in collections] or None,
             mode="hybrid",
             top_k=top_k,
             snippets=False,
@@ -250,7 +232,6 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         "workspace_id": answer.workspace_id,
         "user_id": answer.asker_id,
         "client_key_id": client_key.pk if client_key is not None else None,
-        "speculative": speculative,
     }
     if prompt.strategy == "single":
         [request] = prompt.requests
@@ -268,7 +249,8 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         "max_tokens": budget.max_tokens,
         "temperature": temperature,
         "client_key_id": common["client_key_id"],
-        "speculative": speculative,
+        "speculative": plan.speculative,
+        "provider_id": plan.provider.id,  # the endpoint the options chose: the reduce goes there too
         "maps": maps,
     }
     answer.save()
@@ -292,7 +274,7 @@ def _submit_admitted(client_key, plan: router.Plan, request, **submit) -> None:
     if client_key is None:
         router.submit(plan, messages=request.messages, max_tokens=request.max_tokens, **submit)
         return
-    provider = plan.route.provider
+    provider = plan.provider
     admission = limits.admission_reserve(
         client_key,
         model=provider.model,
@@ -725,12 +707,17 @@ def answer_map_collect(*, answer_id, index: int, outcome: dict) -> None:
                 answer.timings["submit_ms"] = round((timezone.now() - answer.created_at).total_seconds() * 1000, 2)
                 answer.save(update_fields=["stats", "timings"])
                 requested = Route.objects.filter(pk=state.get("requested_route_id")).first() or answer.route
+                chosen = state.get("provider_id")
                 plan = router.Plan(
                     request_id=str(answer.id),
                     route=answer.route,
                     requested_route=requested,
                     release=answer.release,
                     arm=answer.arm,
+                    speculative=state.get("speculative"),
+                    speculating_provider=(
+                        Provider.objects.filter(pk=chosen).first() if chosen != answer.route.provider_id else None
+                    ),
                 )
 
                 def submit():
@@ -743,7 +730,6 @@ def answer_map_collect(*, answer_id, index: int, outcome: dict) -> None:
                         workspace_id=answer.workspace_id,
                         user_id=answer.asker_id,
                         client_key_id=key_id,
-                        speculative=state.get("speculative"),
                         outcome_to=_to_answer(answer.id),
                     )
 

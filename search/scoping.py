@@ -3,6 +3,10 @@ their workspace (``workspace_path``), and ``in_workspaces`` derives every querys
 reads from it. The REST API's views (``ApiView.scoped``), the OpenAI-compatible API and the
 browser UI read tenant rows only this way (``tests/security/test_tenant_isolation.py`` checks
 that no front-door module queries a tenant model directly), so a view cannot forget the filter.
+
+``collections_chosen`` is the one check of the collections a request names (searches, answers,
+uploads, listings, every door): one wording, the same whether another workspace has the ids or
+nobody does, so that a refusal tells no tenant what another one holds.
 """
 
 from __future__ import annotations
@@ -11,7 +15,14 @@ from collections.abc import Iterable
 
 from django.db.models import Model, QuerySet
 
-from search.models import Workspace
+from ragsite.errors import DomainError
+from search.models import Collection, Workspace
+
+
+class CollectionNotFound(DomainError):
+    """A request named collections that are not its workspace's (or named none)."""
+
+    field = "collections"
 
 
 def workspaces_visible_to(user) -> QuerySet:
@@ -33,3 +44,31 @@ def in_workspaces(model: type[Model], workspaces: Workspace | int | Iterable[Wor
     if not isinstance(workspaces, QuerySet):
         workspaces = list(workspaces)
     return model._default_manager.filter(**{f"{path}__in": workspaces})
+
+
+def collections_chosen(
+    workspace: Workspace | None, collection_ids: Iterable[int | Collection] | None, *, field: str = "collections"
+) -> list[Collection]:
+    """The collections of ``workspace`` a request names, in id order; None names all of them.
+    ``workspace`` None (the operator's shell, benchmarks): any workspace's. Raises
+    ``CollectionNotFound`` on ``field`` for an id that is not an integer, for an empty list, and
+    for ids the workspace does not have, naming them."""
+    collections = Collection.objects.all() if workspace is None else in_workspaces(Collection, workspace)
+    if collection_ids is None:
+        return list(collections.order_by("pk"))
+    ids = []
+    for item in collection_ids:
+        if isinstance(item, Collection):
+            ids.append(item.pk)
+        elif isinstance(item, int) and not isinstance(item, bool):
+            ids.append(item)
+        else:
+            raise CollectionNotFound(f"{item!r} is not a collection id", field=field)
+    if not ids:
+        raise CollectionNotFound("choose at least one collection, or leave collections out to search all", field=field)
+    found = list(collections.filter(pk__in=ids).order_by("pk"))
+    missing = sorted(set(ids) - {collection.pk for collection in found})
+    if missing:
+        where = "" if workspace is None else " in this workspace"
+        raise CollectionNotFound(f"No collection {', '.join(map(str, missing))}{where}.", field=field)
+    return found

@@ -1,10 +1,17 @@
 """Reads for the search app. ``chunk_search`` is the one retrieval service that the UI,
 the REST API, the answer pipeline and ``eval_retrieval`` all call.
+
+A search is one SQL statement of common table expressions, assembled here from named parts:
+each ranking (``_dense_ranking``, ``_keyword_ranking``) gives its best candidates a rank,
+``_fusion`` combines them (weighted reciprocal rank in hybrid mode), and ``_statement``
+reads the top hits with their snippets. The BM25 side (the query's vector, its terms) is
+``search.bm25``'s.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -13,9 +20,11 @@ from django.db import connection, transaction
 
 from ragsite import metrics
 from ragsite.errors import DomainError
+from search import bm25
 from search.embedders import query_embedding
 from search.models import Collection, Workspace
 from search.query_syntax import SYNTAXES, ParsedQuery, query_parse
+from search.scoping import collections_chosen
 from search.vector_indexes import bm25_index_exists, dense_distance_sql
 
 MODES = ("hybrid", "dense", "keyword")
@@ -60,17 +69,15 @@ class SearchResult:
     syntax: str = "search"
 
 
-def _collections_for(workspace: Workspace | None, collection_ids: list[int] | None) -> list[Collection]:
-    queryset = Collection.objects.all()
-    if workspace is not None:
-        queryset = queryset.filter(workspace=workspace)
-    if collection_ids is not None:
-        queryset = queryset.filter(pk__in=collection_ids)
-    collections = list(queryset.order_by("pk"))
-    if collection_ids is not None and len(collections) != len(set(collection_ids)):
-        missing = sorted(set(collection_ids) - {c.pk for c in collections})
-        raise SearchError(f"unknown collection ids: {', '.join(map(str, missing))}")
-    return collections
+@dataclass(frozen=True)
+class _Scope:
+    """What a search runs over: its collections, and the one embedding model (with its
+    dimensions) and text-search language they share."""
+
+    collections: list[Collection]
+    model: str
+    dimensions: int
+    config: str
 
 
 @metrics.search_timed  # ragsite_search_duration_seconds{mode}
@@ -112,76 +119,129 @@ def chunk_search(
     top_k = max(1, min(int(top_k), 1000))
     started = time.perf_counter()
     timings: dict[str, float] = {}
-    collections = _collections_for(workspace, collection_ids)
-    if not collections:
+    scope = _scope(workspace, collection_ids, mode)
+    if scope is None:
         return SearchResult(query=query, mode=mode, hits=[], timings_ms={"total": 0.0})
+
+    candidates = max(top_k, candidates or settings.SEARCH_CANDIDATES)
+    parsed = query_parse(query, syntax=syntax)
+    params = _params(scope, parsed, candidates=candidates, top_k=top_k, per_document=per_document, metadata=metadata)
+    params["rrf_k"] = float(rrf_k or settings.SEARCH_RRF_K)
+    params["dense_weight"] = float(settings.SEARCH_DENSE_WEIGHT if dense_weight is None else dense_weight)
+    params["keyword_weight"] = float(settings.SEARCH_KEYWORD_WEIGHT if keyword_weight is None else keyword_weight)
+    metadata_sql = _METADATA_SQL if metadata else ""
+
+    use_dense = mode in ("dense", "hybrid")
+    use_keyword = mode in ("keyword", "hybrid")
+    query_bm25, matching_rows, params["terms"] = None, 0, ""
+    if use_keyword or snippets:  # snippets mark the query's ranked terms
+        query_bm25, matching_rows, params["terms"] = bm25.query_vector(
+            config=scope.config, rank_text=params["rank_text"], collection_ids=params["collections"]
+        )
+    use_keyword = use_keyword and query_bm25 is not None
+
+    ctes = []
+    if use_dense:
+        embed_started = time.perf_counter()
+        params["query_vector"] = "[" + ",".join(f"{x:.7g}" for x in query_embedding(scope.model, query)) + "]"
+        timings["embed"] = (time.perf_counter() - embed_started) * 1000
+        ctes.append(_dense_ranking(scope.dimensions, metadata_sql, per_document))
+    keyword_path = None
+    if use_keyword:
+        params["query_bm25"] = query_bm25
+        common = matching_rows > settings.SEARCH_KEYWORD_EXACT_MAX_ROWS
+        keyword_path = "index" if common and bm25_index_exists() else "exact"
+        ctes.append(_keyword_ranking(keyword_path, parsed, metadata_sql, per_document))
+    if not ctes:
+        return SearchResult(query=query, mode=mode, hits=[], timings_ms={"total": 0.0})
+    ctes.append(_fusion(use_dense, use_keyword, per_document))
+
+    query_started = time.perf_counter()
+    ef = max(ef_search or settings.HNSW_EF_SEARCH, candidates)
+    if keyword_path == "index":
+        ef = max(ef, settings.KEYWORD_HNSW_EF_SEARCH)
+    rows = _run(_statement(ctes, snippets), params, ef_search=ef)
+    timings["sql"] = (time.perf_counter() - query_started) * 1000
+    hits = [_hit(row, snippets) for row in rows]
+    timings["total"] = (time.perf_counter() - started) * 1000
+    return SearchResult(
+        query=query, mode=mode, hits=hits, timings_ms=timings, keyword_path=keyword_path, syntax=parsed.syntax
+    )
+
+
+def _scope(workspace: Workspace | None, collection_ids: list[int] | None, mode: str) -> _Scope | None:
+    """The collections searched and what they share (None: the workspace has none). The
+    rankings a mode uses need one embedding model (dense) and one language (keyword)."""
+    collections = collections_chosen(workspace, collection_ids)
+    if not collections:
+        return None
     models = {(c.embedding_model, c.embedding_dimensions) for c in collections}
     configs = {c.text_search_config for c in collections}
     if mode != "keyword" and len(models) > 1:
         raise SearchError("these collections use different embedding models; search them separately")
     if mode != "dense" and len(configs) > 1:
         raise SearchError("these collections use different text-search languages; search them separately")
-    model, dimensions = next(iter(models))
-    config = next(iter(configs))
+    (model, dimensions), config = next(iter(models)), next(iter(configs))
+    return _Scope(collections=collections, model=model, dimensions=dimensions, config=config)
 
-    candidates = max(top_k, candidates or settings.SEARCH_CANDIDATES)
+
+# Documents whose metadata contains the search's ``metadata`` (``%(metadata)s``, JSON).
+_METADATA_SQL = (
+    " AND EXISTS (SELECT 1 FROM search_document d WHERE d.id = c.document_id AND d.metadata @> %(metadata)s::jsonb)"
+)
+
+
+def _params(
+    scope: _Scope, parsed: ParsedQuery, *, candidates: int, top_k: int, per_document: bool, metadata: dict | None
+) -> dict:
+    """The statement's bound parameters that the scope and the query decide."""
     params: dict = {
-        "collections": [c.pk for c in collections],
+        "collections": [c.pk for c in scope.collections],
         # Only chunks of each collection's current model: during `reembed` a collection
         # briefly holds chunks of two models, and a search must see one copy of each.
-        "model": model,
-        "models": sorted({c.embedding_model for c in collections}),
+        "model": scope.model,
+        "models": sorted({c.embedding_model for c in scope.collections}),
         "candidates": candidates,
         # Per document, a ranking reads more chunks so that `candidates` documents remain.
         "chunk_candidates": min(1000, candidates * PER_DOCUMENT_CHUNK_FACTOR) if per_document else candidates,
         "top_k": top_k,
-        "config": config,
-        "rrf_k": float(rrf_k or settings.SEARCH_RRF_K),
-        "dense_weight": float(settings.SEARCH_DENSE_WEIGHT if dense_weight is None else dense_weight),
-        "keyword_weight": float(settings.SEARCH_KEYWORD_WEIGHT if keyword_weight is None else keyword_weight),
+        "config": scope.config,
+        "rank_text": parsed.rank_text,
+        "required": parsed.required_websearch(scope.config),
         "mark": f"StartSel={_MARK_START}, StopSel={_MARK_END}, MaxWords=40, MinWords=20, MaxFragments=2, "
         f'FragmentDelimiter=" … "',
     }
-    metadata_sql = ""
     if metadata:
-        import json
-
         params["metadata"] = json.dumps(metadata)
-        metadata_sql = (
-            " AND EXISTS (SELECT 1 FROM search_document d WHERE d.id = c.document_id"
-            " AND d.metadata @> %(metadata)s::jsonb)"
-        )
+    return params
 
-    parsed = query_parse(query, syntax=syntax)
-    params["rank_text"] = parsed.rank_text
-    params["required"] = parsed.required_websearch(config)
-    use_dense = mode in ("dense", "hybrid")
-    use_keyword = mode in ("keyword", "hybrid")
-    query_bm25, matching_rows, params["terms"] = None, 0, ""
-    if use_keyword or snippets:
-        query_bm25, matching_rows, params["terms"] = _query_bm25(params)
-    use_keyword = use_keyword and query_bm25 is not None
-    filter_sql = _keyword_filter_sql(parsed)
 
-    def best_per_document(cte: str, order: str) -> str:
-        # Per document, each ranking keeps the document's best chunk before fusion: a
-        # document is ranked by its best passage in each list, as the evaluation defines.
-        if not per_document:
-            return cte
-        return f"(SELECT DISTINCT ON (document_id) * FROM {cte} ORDER BY document_id, {order}, id) AS best"
+def _ranked(name: str, score_sql: str, order: str, per_document: bool) -> str:
+    """``{name}_ranked``: the candidates of CTE ``name`` numbered best first, with their score.
 
-    # Each ranking contributes its best `candidates` results (documents, per document).
-    within_depth = " WHERE rank <= %(candidates)s" if per_document else ""
+    Per document, each ranking keeps the document's best chunk before fusion (a document is
+    ranked by its best passage in each list, as the evaluation defines), and contributes its
+    best ``candidates`` documents."""
+    source = name
+    within_depth = ""
+    if per_document:
+        source = f"(SELECT DISTINCT ON (document_id) * FROM {name} ORDER BY document_id, {order}, id) AS best"
+        within_depth = " WHERE rank <= %(candidates)s"
+    return f"""
+        {name}_ranked AS (
+            SELECT * FROM (
+                SELECT id, document_id, row_number() OVER (ORDER BY {order}, id) AS rank, {score_sql} AS score
+                FROM {source}
+            ) ranked{within_depth}
+        )"""
 
-    ctes = []
-    if use_dense:
-        embed_started = time.perf_counter()
-        params["query_vector"] = "[" + ",".join(f"{x:.7g}" for x in query_embedding(model, query)) + "]"
-        timings["embed"] = (time.perf_counter() - embed_started) * 1000
-        distance = dense_distance_sql(dimensions)
-        # MATERIALIZED + re-sort: with iterative index scans the index returns rows in
-        # relaxed order (pgvector's documented pattern).
-        ctes.append(f"""
+
+def _dense_ranking(dimensions: int, metadata_sql: str, per_document: bool) -> str:
+    """The nearest chunks to the query's embedding (HNSW), ranked."""
+    distance = dense_distance_sql(dimensions)
+    # MATERIALIZED + re-sort: with iterative index scans the index returns rows in
+    # relaxed order (pgvector's documented pattern).
+    return f"""
         dense AS MATERIALIZED (
             SELECT c.id, c.document_id, {distance} AS distance
             FROM search_chunk c
@@ -189,38 +249,32 @@ def chunk_search(
               AND c.embedding_model = %(model)s{metadata_sql}
             ORDER BY {distance}
             LIMIT %(chunk_candidates)s
-        ),
-        dense_ranked AS (
-            SELECT * FROM (
-                SELECT id, document_id, row_number() OVER (ORDER BY distance, id) AS rank, 1 - distance AS score
-                FROM {best_per_document("dense", "distance")}
-            ) ranked{within_depth}
-        )""")
-    keyword_path = None
-    if use_keyword:
-        params["query_bm25"] = query_bm25
-        common = matching_rows > settings.SEARCH_KEYWORD_EXACT_MAX_ROWS
-        keyword_path = "index" if common and bm25_index_exists() else "exact"
-    if use_keyword and keyword_path == "exact":
-        # Every chunk holding a query word (GIN) is scored: exact BM25.
-        ctes.append(f"""
+        ),""" + _ranked("dense", "1 - distance", "distance", per_document)
+
+
+def _keyword_ranking(path: str, parsed: ParsedQuery, metadata_sql: str, per_document: bool) -> str:
+    """The chunks of the best BM25 scores, ranked; ``path``: how they are found.
+
+    ``exact``: every chunk holding a query word (GIN) is scored. ``index``: common words
+    match a large share of the collection, so the HNSW index over the BM25 vectors finds the
+    best inner products instead; typed phrases and exclusions still filter (the iterative
+    scan goes on until enough rows pass)."""
+    if path == "exact":
+        candidates = f"""
         keyword AS MATERIALIZED (
             SELECT c.id, c.document_id, (c.bm25 <#> %(query_bm25)s::sparsevec) AS negative_score
             FROM search_chunk c
-            WHERE c.collection_id = ANY(%(collections)s) AND c.tsv @@ {filter_sql}
+            WHERE c.collection_id = ANY(%(collections)s) AND c.tsv @@ {bm25.keyword_filter_sql(parsed)}
               AND c.embedding_model = ANY(%(models)s){metadata_sql}
               AND (c.bm25 <#> %(query_bm25)s::sparsevec) < 0  -- at least one ranked term matches
             ORDER BY c.bm25 <#> %(query_bm25)s::sparsevec, c.id
             LIMIT %(chunk_candidates)s
-        )""")
-    elif use_keyword:
-        # Common words match a large share of the collection: the HNSW index over the BM25
-        # vectors finds the best inner products instead; typed phrases and exclusions
-        # still filter (the iterative scan goes on until enough rows pass).
+        ),"""
+    else:
         required_sql = ""
         if parsed.phrases or parsed.excluded:
             required_sql = " AND c.tsv @@ websearch_to_tsquery(%(config)s::regconfig, %(required)s)"
-        ctes.append(f"""
+        candidates = f"""
         keyword AS MATERIALIZED (
             SELECT c.id, c.document_id, (c.bm25 <#> %(query_bm25)s::sparsevec) AS negative_score
             FROM search_chunk c
@@ -228,19 +282,13 @@ def chunk_search(
               AND (c.bm25 <#> %(query_bm25)s::sparsevec) < 0{required_sql}{metadata_sql}
             ORDER BY c.bm25 <#> %(query_bm25)s::sparsevec
             LIMIT %(chunk_candidates)s
-        )""")
-    if use_keyword:
-        ctes.append(f"""
-        keyword_ranked AS (
-            SELECT * FROM (
-                SELECT id, document_id, row_number() OVER (ORDER BY negative_score, id) AS rank,
-                       -negative_score AS score
-                FROM {best_per_document("keyword", "negative_score")}
-            ) ranked{within_depth}
-        )""")
-    if not ctes:
-        return SearchResult(query=query, mode=mode, hits=[], timings_ms={"total": 0.0})
+        ),"""
+    return candidates + _ranked("keyword", "-negative_score", "negative_score", per_document)
 
+
+def _fusion(use_dense: bool, use_keyword: bool, per_document: bool) -> str:
+    """``fused``: every candidate with its rank in each list and its final score, and
+    ``top``, the best ``top_k`` of them."""
     if use_dense and use_keyword:
         join = "document_id" if per_document else "id"
         fused = f"""
@@ -261,13 +309,18 @@ def chunk_search(
         fused AS (
             SELECT id, document_id, NULL::bigint AS dense_rank, rank AS keyword_rank, score FROM keyword_ranked
         )"""
-    ctes.append(fused)
-    ctes.append("""
-        top AS (SELECT * FROM fused ORDER BY score DESC, id LIMIT %(top_k)s)""")
+    return (
+        fused
+        + """,
+        top AS (SELECT * FROM fused ORDER BY score DESC, id LIMIT %(top_k)s)"""
+    )
 
+
+def _statement(ctes: list[str], snippets: bool) -> str:
+    """The whole statement: the CTEs, then the top hits with their chunks and documents."""
     # Snippets mark the query's ranked terms (not its stop words or single characters).
     snippet_sql = "ts_headline(c.ts_config, c.text, %(terms)s::tsquery, %(mark)s)" if snippets else "''"
-    sql = (
+    return (
         "WITH "
         + ",".join(ctes)
         + f"""
@@ -279,111 +332,37 @@ def chunk_search(
         ORDER BY t.score DESC, t.id
         """
     )
-    query_started = time.perf_counter()
-    ef = max(ef_search or settings.HNSW_EF_SEARCH, candidates)
-    if keyword_path == "index":
-        ef = max(ef, settings.KEYWORD_HNSW_EF_SEARCH)
+
+
+def _run(sql: str, params: dict, *, ef_search: int) -> list[tuple]:
     with transaction.atomic(), connection.cursor() as cursor:
         # SET LOCAL: these hold for this transaction only, so pooled connections are unaffected.
         cursor.execute(
-            f"SET LOCAL hnsw.ef_search = {int(min(ef, 1000))};"
+            f"SET LOCAL hnsw.ef_search = {int(min(ef_search, 1000))};"
             " SET LOCAL hnsw.iterative_scan = relaxed_order;"
             " SET LOCAL client_min_messages = warning"
         )
         cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    timings["sql"] = (time.perf_counter() - query_started) * 1000
-    hits = [
-        SearchHit(
-            chunk_id=row[0],
-            document_id=row[1],
-            document_title=row[2],
-            collection_id=row[3],
-            ordinal=row[4],
-            text=row[5],
-            start_offset=row[6],
-            end_offset=row[7],
-            score=float(row[8]),
-            dense_rank=row[9],
-            keyword_rank=row[10],
-            snippet_html=_snippet_html(row[11]) if snippets else "",
-        )
-        for row in rows
-    ]
-    timings["total"] = (time.perf_counter() - started) * 1000
-    return SearchResult(
-        query=query, mode=mode, hits=hits, timings_ms=timings, keyword_path=keyword_path, syntax=parsed.syntax
+        return cursor.fetchall()
+
+
+def _hit(row: tuple, snippets: bool) -> SearchHit:
+    return SearchHit(
+        chunk_id=row[0],
+        document_id=row[1],
+        document_title=row[2],
+        collection_id=row[3],
+        ordinal=row[4],
+        text=row[5],
+        start_offset=row[6],
+        end_offset=row[7],
+        score=float(row[8]),
+        dense_rank=row[9],
+        keyword_rank=row[10],
+        snippet_html=_snippet_html(row[11]) if snippets else "",
     )
-
-
-def _query_bm25(params: dict) -> tuple[str | None, int, str]:
-    """The query side of BM25, how many chunks hold any of its terms, and its terms as a
-    ``tsquery`` (any of them); ``(None, 0, "")`` when the query has no rankable term.
-
-    A term weighs its IDF times the number of times the query holds it, as Lucene's
-    ``BooleanQuery`` and bm25s score a repeated term (docs/search.md).
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            WITH query_lexemes AS (
-                SELECT u.lexeme, search_term_index(u.lexeme) AS term,
-                       coalesce(array_length(u.positions, 1), 1) AS qtf
-                FROM unnest(search_tsvector(%(config)s::regconfig, %(rank_text)s)) u
-                WHERE search_bm25_lexeme(u.lexeme)
-            ), query_terms AS (
-                SELECT term, sum(qtf) AS qtf FROM query_lexemes GROUP BY term
-            ), term_stats AS (
-                SELECT q.term, q.qtf, coalesce((
-                    SELECT sum(t.df) FROM search_termstat t
-                    WHERE t.term = q.term AND t.collection_id = ANY(%(collections)s)
-                ), 0) AS df
-                FROM query_terms q
-            ), total AS (
-                SELECT coalesce(sum(chunk_count), 0) AS n FROM search_collection WHERE id = ANY(%(collections)s)
-            )
-            SELECT format('{%%s}/1000000000', string_agg(
-                       s.term || ':' || s.qtf * ln(1 + (total.n - s.df + 0.5) / (s.df + 0.5)), ',' ORDER BY s.term)),
-                   -- an upper bound on the chunks holding any query word
-                   least(coalesce(sum(s.df), 0), max(total.n)),
-                   count(*),
-                   -- the lexemes as tsquery literals (ASCII punctuation, backslashes included,
-                   -- never reaches a lexeme: search_text_normalize)
-                   (SELECT string_agg(quote_literal(lexeme), ' | ' ORDER BY lexeme)
-                    FROM query_lexemes)
-            FROM term_stats s, total
-            """,
-            params,
-        )
-        vector, matching_rows, terms, any_term = cursor.fetchone()
-    if not terms:
-        return None, 0, ""
-    return vector, int(matching_rows), any_term
-
-
-def _keyword_filter_sql(parsed: ParsedQuery) -> str:
-    """The tsquery a keyword candidate must match: any ranked term, and what typed syntax requires."""
-    if parsed.phrases or parsed.excluded:
-        return "(%(terms)s::tsquery && websearch_to_tsquery(%(config)s::regconfig, %(required)s))"
-    return "%(terms)s::tsquery"
 
 
 def _snippet_html(headline: str) -> str:
     escaped = html.escape(" ".join(headline.split()))
     return escaped.replace(_MARK_START, "<mark>").replace(_MARK_END, "</mark>")
-
-
-def texts_lexemes(texts: list[str], config: str, *, numbers: bool = True) -> list[list[str]]:
-    """Each text's BM25 lexemes as keyword search analyses text (``search_tsvector`` under
-    ``config``), all texts in one statement; ``numbers=False`` leaves out lexemes of digits
-    only (compared as numbers by the caller). Used to compare sentences with passages
-    (``search.verification``, ``search.abstention``)."""
-    digits = "" if numbers else " AND lexeme !~ '^[0-9]+$'"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT array(SELECT lexeme FROM unnest(search_tsvector(%s::regconfig, t))"
-            f" WHERE search_bm25_lexeme(lexeme){digits})"
-            " FROM unnest(%s::text[]) WITH ORDINALITY AS x(t, i) ORDER BY i",
-            [config, texts],
-        )
-        return [list(row[0]) for row in cursor.fetchall()]

@@ -15,8 +15,10 @@ from django.db.models import Sum
 from ragsite.errors import DomainError
 from ragsite.redis import redis_client
 from search.embedders import DEFAULT_EMBEDDER, embedder_get
+from search.ingest.chunk_writes import chunks_remove
 from search.ingest.parsers import ParseError, sniff_media_type
-from search.ingest.pipeline import chunks_remove, interruptions_key
+from search.ingest.pipeline import interruptions_key
+from search.ingest.status import status_set
 from search.models import Collection, Document, Workspace
 from search.vector_indexes import vector_index_ensure
 
@@ -266,9 +268,8 @@ def document_retry(*, document: Document) -> Document:
     """Queue a failed document for another attempt."""
     if document.status != Document.Status.FAILED:
         return document
-    Document.objects.filter(pk=document.pk).update(status=Document.Status.QUEUED, error="", chunks_embedded=0)
+    status_set([document], Document.Status.QUEUED, error="", chunks_embedded=0)
     redis_client().delete(interruptions_key(document.pk))  # a retry starts a new count of cut-off runs
-    document.refresh_from_db()
     transaction.on_commit(lambda: _enqueue_ingest(document.pk))
     return document
 

@@ -14,8 +14,9 @@ from django.db import InterfaceError, OperationalError
 
 from ragsite.celery import LONG_TASK_OPTIONS
 from ragsite.redis import redis_client
-from search import answers, vector_indexes
+from search import answers, bm25, vector_indexes
 from search.ingest import pipeline
+from search.ingest.status import document_fail
 from search.models import Document
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def document_ingest(self, document_id: int) -> str:
     try:
         if _interrupted_too_often(document_id):
             document = Document.objects.get(pk=document_id)
-            pipeline.document_fail(
+            document_fail(
                 document,
                 f"ingestion was cut off {INGEST_MAX_INTERRUPTIONS} times: the worker process died while working on "
                 "this file each time (a file that crashes a parser, or a worker short of memory); retry it once "
@@ -68,19 +69,19 @@ def document_ingest(self, document_id: int) -> str:
     except SoftTimeLimitExceeded:
         document = Document.objects.get(pk=document_id)
         limit = settings.CELERY_TASK_SOFT_TIME_LIMIT
-        pipeline.document_fail(document, f"ingestion took longer than the limit of {limit} s")
+        document_fail(document, f"ingestion took longer than the limit of {limit} s")
         return document.status
     except TRANSIENT_ERRORS as exc:
         if self.request.retries >= MAX_RETRIES:
             document = Document.objects.get(pk=document_id)
-            pipeline.document_fail(document, f"the database or broker stayed unavailable ({type(exc).__name__})")
+            document_fail(document, f"the database or broker stayed unavailable ({type(exc).__name__})")
             return document.status
         raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from exc
 
 
 @shared_task(name="search.tasks.collection_bm25_refresh", **LONG_TASK_OPTIONS)
 def collection_bm25_refresh(collection_id: int) -> float:
-    return pipeline.collection_bm25_refresh(collection_id=collection_id)
+    return bm25.collection_bm25_refresh(collection_id=collection_id)
 
 
 # Building the index over millions of chunks takes minutes: a longer limit than the default.

@@ -15,16 +15,11 @@ from collections.abc import Callable
 from django.db import connection, transaction
 from django.db.models import Count
 
+from search.bm25 import collection_bm25_refresh, statistics_rebuild
 from search.embedders import embedder_get
+from search.ingest.chunk_writes import chunks_insert
 from search.ingest.parsers import parse_document
-from search.ingest.pipeline import (
-    chunks_insert,
-    collection_bm25_refresh,
-    collection_statistics_rebuild,
-    document_bytes,
-    document_chunks,
-    embedding_input,
-)
+from search.ingest.pipeline import document_bytes, document_chunks, embedding_input
 from search.models import Chunk, Collection, Document
 from search.vector_indexes import vector_index_ensure
 
@@ -68,7 +63,7 @@ def _switch(collection_id: int, model: str, dimensions: int) -> None:
         collection = Collection.objects.select_for_update().get(pk=collection_id)
         Chunk.objects.filter(collection=collection).exclude(embedding_model=model).delete()
         with connection.cursor() as cursor:
-            chunk_count, lexemes = collection_statistics_rebuild(cursor, collection_id)
+            chunk_count, lexemes = statistics_rebuild(cursor, collection_id)
         collection.embedding_model = model
         collection.embedding_dimensions = dimensions
         collection.chunk_count = chunk_count

@@ -2,7 +2,7 @@
  * The browser UI's own behaviour; htmx (from the django-htmx wheel) does the rest.
  *
  * - Answers stream in from their Server-Sent Events (EventSource): text is appended as it
- *   arrives, each [n] becoming a link to its passage, as search/ui/rendering.py renders a
+ *   arrives, each [n] becoming a link to its passage, as frontdoors/ui/rendering.py renders a
  *   stored answer. "Stop" closes the connection (the generation itself goes on server-side).
  * - Citation and source links open the passage in a dialog (the link still works without
  *   JavaScript: it is the passage page).
@@ -134,7 +134,7 @@
     });
     // The generation has ended; its citations are being checked. Then the stored answer
     // replaces what streamed: invented markers gone, citations moved or added, and
-    // unsupported sentences marked, as search/ui/rendering.py renders it.
+    // unsupported sentences marked, as frontdoors/ui/rendering.py renders it.
     events.addEventListener("stats", () => {
       status.textContent = "Checking the citations…";
     });

@@ -201,11 +201,11 @@ def test_submit_sends_the_chosen_pool_to_the_gpu_queue_or_refuses_before_sending
     monkeypatch.setattr("inference.tasks.generate_routed.apply_async", lambda *a, **k: sent.append((a, k)))
     messages = [{"role": "user", "content": "the wing"}]
 
-    plan = router.plan(client_id="tests")
-    router.submit(plan, messages=messages, speculative={"enabled": False, "draft_model": None, "k": None})
-    router.submit(router.plan(client_id="tests"), messages=messages, speculative={"k": 4})
-    with pytest.raises(SpeculationUnavailable):
-        router.submit(router.plan(client_id="tests"), messages=messages, speculative={"k": 8})
+    plan = router.plan(client_id="tests", speculative={"enabled": False, "draft_model": None, "k": None})
+    router.submit(plan, messages=messages)
+    router.submit(router.plan(client_id="tests", speculative={"k": 4}), messages=messages)
+    with pytest.raises(SpeculationUnavailable):  # refused when planned: nothing is sent
+        router.plan(client_id="tests", speculative={"k": 8})
 
     [(args, options), (own_args, own_options)] = sent
     (request_id, payload), queue = args[0], options["queue"]

@@ -36,9 +36,9 @@ from ragsite.redis import redis_client
 from search.answers import answer_create
 from search.models import Answer, Chunk, Document
 from search.services import collection_create, document_create, workspace_create
+from tests.frontdoors.api.conftest import DOCUMENTS
 from tests.inference.routing_helpers import key_make, provider_make
 from tests.polling import wait_for
-from tests.search.api.conftest import DOCUMENTS
 from tests.search.files import ingest_texts
 from tests.search.test_ingest_worker import long_text
 from tests.upstream_server import upstream_log, upstream_script

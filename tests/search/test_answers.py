@@ -27,6 +27,7 @@ from search.answers import AnswerError, answer_create, answer_fail, answer_strea
 from search.extractive import LEAD
 from search.models import Answer, Chunk, Collection, Document, Membership
 from search.prompting import RemoteEstimate, Source, answer_messages, prompt_budget_for
+from search.scoping import CollectionNotFound
 from search.selectors import chunk_search
 from search.services import collection_create, workspace_create
 from tests.conftest import celery_worker
@@ -120,16 +121,33 @@ def test_a_bad_request_is_refused_naming_the_field_and_stores_nothing(corpus):
     workspace, collection = corpus
     other = Collection.objects.get(workspace__slug="other")
     cases = [
-        ({"question": "   "}, "question", "the question is empty"),
-        ({"question": "x" * 4001}, "question", "4001 characters long, over the limit of 4000"),
-        ({"question": "lift?", "collections": [other]}, "collections", f"no collection with id {other.pk} in"),
-        ({"question": "lift?", "collections": [collection.pk, 10**9]}, "collections", f"id {10**9} in workspace"),
-        ({"question": "lift?", "collections": []}, "collections", "choose at least one collection"),
-        ({"question": "lift?", "top_k": 0}, "top_k", "from 1 to 50"),
-        ({"question": "lift?", "max_tokens": 0}, "max_tokens", "positive integer"),
+        ({"question": "   "}, AnswerError, "question", "the question is empty"),
+        ({"question": "x" * 4001}, AnswerError, "question", "4001 characters long, over the limit of 4000"),
+        # Another workspace's collection and one nobody has: the same words (search.scoping).
+        (
+            {"question": "lift?", "collections": [other]},
+            CollectionNotFound,
+            "collections",
+            f"No collection {other.pk} in this workspace.",
+        ),
+        (
+            {"question": "lift?", "collections": [collection.pk, 10**9]},
+            CollectionNotFound,
+            "collections",
+            f"No collection {10**9} in this workspace.",
+        ),
+        ({"question": "lift?", "collections": ["3"]}, CollectionNotFound, "collections", "'3' is not a collection id"),
+        (
+            {"question": "lift?", "collections": []},
+            CollectionNotFound,
+            "collections",
+            "choose at least one collection, or leave collections out to search all",
+        ),
+        ({"question": "lift?", "top_k": 0}, AnswerError, "top_k", "from 1 to 50"),
+        ({"question": "lift?", "max_tokens": 0}, AnswerError, "max_tokens", "positive integer"),
     ]
-    for kwargs, field, message in cases:
-        with pytest.raises(AnswerError) as caught:
+    for kwargs, error, field, message in cases:
+        with pytest.raises(error) as caught:
             answer_create(workspace=workspace, **kwargs)
         assert caught.value.field == field
         assert message in str(caught.value)

@@ -20,9 +20,10 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
+from search import bm25
 from search import reference_rankings as reference
 from search.beir import corpus_read, queries_read
-from search.ingest import pipeline
+from search.ingest import chunk_writes
 from search.ingest.chunking import TextChunk
 from search.models import Collection
 from search.selectors import chunk_search
@@ -52,7 +53,7 @@ def loaded(django_db_setup, django_db_blocker, tmp_path_factory):
                 collection=collection, source_name=f"{item.id}.txt", content=text.encode(), enqueue=False
             )
             chunk = TextChunk(ordinal=0, text=text, start=0, end=len(text), token_count=len(text.split()))
-            assert pipeline.chunks_write(
+            assert chunk_writes.chunks_write(
                 document=document,
                 chunks=[chunk],
                 vectors=vector,
@@ -62,7 +63,7 @@ def loaded(django_db_setup, django_db_blocker, tmp_path_factory):
                 metadata={},
             )
             order[document.pk] = index
-        pipeline.collection_bm25_refresh(collection_id=collection.pk)  # exact average length
+        bm25.collection_bm25_refresh(collection_id=collection.pk)  # exact average length
         yield SimpleNamespace(workspace=workspace, collection=collection, documents=documents, order=order)
         workspace.delete()
 

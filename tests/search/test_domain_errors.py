@@ -9,11 +9,11 @@ import pytest
 
 from billing.client_keys import ClientKeyError
 from billing.limits import LimitExceeded, ModelUnpriced
+from frontdoors.api.errors import api_error_of, error_json
+from frontdoors.openai_api.errors import from_domain
 from inference.backpressure import PoolFull, QueueFull
 from inference.errors import RouteNotFound, RouteUnavailable, SpeculationUnavailable
 from search.answers import AnswerError
-from search.api.errors import api_error_of, error_json
-from search.openai_api.errors import from_domain
 from search.prompting import PromptTooLong
 from search.selectors import SearchError
 from search.services import DocumentRejected, DocumentTooLarge, StorageQuotaExceeded

@@ -12,7 +12,7 @@ from django.db import DataError, connection
 from billing import ledger
 from billing.models import UsageRecord
 from ragsite.redis import redis_client
-from search.ingest import pipeline
+from search.ingest import chunk_writes, pipeline
 from search.ingest.parsers import parse_document
 from search.models import Chunk, Collection, Document, TermStat
 from search.services import DocumentRejected, document_create, document_delete, document_retry
@@ -99,7 +99,7 @@ def test_a_failed_write_leaves_no_chunk_behind(collection):
     vectors = np.ones((len(prepared.chunks), 384), dtype=np.float32) / math.sqrt(384)
     vectors[-1, 0] = np.nan  # pgvector refuses NaN: the COPY fails on the last row
     with pytest.raises(DataError):
-        pipeline.chunks_write(
+        chunk_writes.chunks_write(
             document=document,
             chunks=prepared.chunks,
             vectors=vectors,

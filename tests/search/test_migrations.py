@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from search.ingest.pipeline import collection_bm25_refresh
+from search.bm25 import collection_bm25_refresh
 from search.models import Chunk, Collection
 from search.selectors import chunk_search
 from tests.search.files import ingest_texts

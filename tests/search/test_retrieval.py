@@ -14,6 +14,7 @@ from django.db import connection
 from search.embedders import embedder_get
 from search.ingest import pipeline
 from search.models import Chunk, Collection, Document
+from search.scoping import CollectionNotFound
 from search.selectors import SearchError, chunk_search
 from search.services import collection_create, document_create, workspace_create
 from search.vector_indexes import BM25_INDEX_NAME, bm25_index_forget, create_bm25_index_sql
@@ -199,8 +200,12 @@ def test_metadata_filter_and_one_hit_per_document(corpus):
 def test_only_the_workspaces_own_collections_can_be_searched(corpus, db):
     _, collection, _ = corpus
     other = workspace_create(name="Other", slug="other")
-    with pytest.raises(SearchError, match=f"unknown collection ids: {collection.pk}"):
+    with pytest.raises(CollectionNotFound) as refused:
         chunk_search(query="robot", workspace=other, collection_ids=[collection.pk])
+    assert (refused.value.field, refused.value.message) == (
+        "collections",
+        f"No collection {collection.pk} in this workspace.",
+    )
     assert chunk_search(query="robot", workspace=other).hits == []
 
 

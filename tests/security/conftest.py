@@ -19,7 +19,7 @@ from billing.models import ClientKey
 from search.answers import answer_create
 from search.models import Answer, Chunk, Collection, Document, Membership, Workspace
 from search.services import collection_create, document_create, document_delete, workspace_create
-from tests.search.api.conftest import DOCUMENTS
+from tests.frontdoors.api.conftest import DOCUMENTS
 from tests.search.files import ingest_texts
 
 # B's texts: words that appear nowhere in A's, so any hit of them for A is B's.

@@ -46,7 +46,7 @@ from schemathesis.core.parameters import ParameterLocation
 from schemathesis.openapi.checks import RejectedPositiveData
 
 from billing import ledger
-from search.openai_api.chat import ROLES
+from frontdoors.openai_api.chat import ROLES
 from tests.security.conftest import Tenant
 
 pytestmark = [

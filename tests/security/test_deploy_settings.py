@@ -186,7 +186,7 @@ def test_views_exempt_from_django_csrf_take_bearer_keys_or_check_csrf_themselves
 def test_a_logged_in_session_cannot_post_without_the_csrf_token():
     from search.models import Collection
     from search.services import collection_create, workspace_create
-    from tests.search.ui.conftest import member
+    from tests.frontdoors.ui.conftest import member
 
     workspace = workspace_create(name="Acme", slug="acme")
     collection = collection_create(workspace=workspace, name="Handbook")

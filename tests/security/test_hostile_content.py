@@ -110,7 +110,7 @@ def test_markup_in_documents_is_escaped_in_snippets_and_titles(corpus):
 
 
 def test_markup_in_documents_is_escaped_on_the_search_page(corpus, client):
-    from tests.search.ui.conftest import member
+    from tests.frontdoors.ui.conftest import member
 
     _, collection = corpus
     client.force_login(member("ann", collection.workspace))
@@ -180,8 +180,8 @@ def test_a_hostile_document_and_an_obedient_model_change_nothing_and_run_nothing
     from search.models import Answer
     from search.prompting import SYSTEM_PROMPT
     from tests.browser import console_errors, wait_until
+    from tests.frontdoors.ui.conftest import PASSWORD, member
     from tests.inference.routing_helpers import key_make, provider_make, route_make
-    from tests.search.ui.conftest import PASSWORD, member
     from tests.upstream_server import upstream_log
 
     workspace = workspace_create(name="Acme", slug="acme")

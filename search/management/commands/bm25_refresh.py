@@ -9,7 +9,7 @@ from __future__ import annotations
 from tqdm import tqdm
 
 from ragsite.commands import DatabaseCommand
-from search.ingest.pipeline import collection_bm25_refresh
+from search.bm25 import collection_bm25_refresh
 from search.models import Collection
 
 

@@ -31,8 +31,8 @@ from ragsite.commands import DatabaseCommand
 from search import bulk_load as bulk
 from search import reference_rankings as reference
 from search.beir import corpus_read, is_beir_dir, mrr_at, ndcg_at, qrels_read, queries_read, recall_at
+from search.bm25 import collection_bm25_refresh
 from search.embedders import embedder_get
-from search.ingest.pipeline import collection_bm25_refresh
 from search.models import Chunk, Collection, Document
 from search.selectors import MODES, chunk_search
 from search.services import collection_create, workspace_create

@@ -1,0 +1,22 @@
+"""URLs of the browser UI, included at the site's root: its search page is the home page."""
+
+from django.urls import path
+
+from frontdoors.ui import views
+
+app_name = "ui"
+
+urlpatterns = [
+    path("", views.search_page, name="search"),
+    path("ask/", views.ask, name="ask"),
+    path("answers/", views.answers, name="answers"),
+    path("answers/<uuid:answer_id>/", views.answer_detail, name="answer"),
+    path("answers/<uuid:answer_id>/events/", views.answer_event_stream, name="answer_events"),
+    path("passages/<int:chunk_id>/", views.passage, name="passage"),
+    path("documents/", views.documents, name="documents"),
+    path("documents/list/", views.document_list, name="document_list"),
+    path("documents/upload/", views.upload, name="upload"),
+    path("documents/<int:document_id>/retry/", views.document_retry_view, name="document_retry"),
+    path("documents/<int:document_id>/delete/", views.document_delete_view, name="document_delete"),
+    path("workspace/", views.workspace_switch, name="workspace"),
+]

@@ -1,0 +1,356 @@
+"""Views of the browser UI (docs/ui.md).
+
+Pages are server-rendered templates. htmx (from the django-htmx wheel) asks for fragments:
+the Ask panel, upload reports, retry/delete, and the documents' status, polled every
+second while a document is in progress. ``answer_event_stream`` serves an answer's stream as
+Server-Sent Events; it is ``async`` and returns a StreamingHttpResponse over an async
+generator, because under ASGI Django buffers a synchronous iterator whole before sending
+any of it. Who may see what: ``frontdoors.ui.workspaces``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import redis
+from asgiref.sync import sync_to_async
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.db.models import Count
+from django.http import Http404, HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from frontdoors.ui.forms import MODE_CHOICES, SearchForm, UploadForm
+from frontdoors.ui.rendering import answer_html, passage_context, sources_by_number
+from frontdoors.ui.workspaces import member_required, workspace_choose
+from inference.errors import RouteUnavailable
+from ragsite.errors import DomainError
+from search.answers import QUIET, answer_create, answer_events, event_id_valid
+from search.models import Answer, Chunk, Document
+from search.scoping import in_workspaces, workspaces_visible_to
+from search.selectors import chunk_search
+from search.services import DocumentRejected, document_delete, document_retry, documents_upload, source_name_clean
+
+logger = logging.getLogger(__name__)
+
+RESULTS_PER_SEARCH = 10
+RECENT_ON_SEARCH_PAGE = 5
+ANSWERS_PER_PAGE = 25
+DOCUMENTS_PER_PAGE = 50
+FINAL_DOCUMENT_STATUSES = (Document.Status.INDEXED, Document.Status.FAILED)
+FINAL_ANSWER_STATUSES = (Answer.Status.DONE, Answer.Status.FAILED)
+# How long the event stream waits for an event before sending a keep-alive comment: under
+# the Redis client's 30 s socket timeout, and under the idle limit of common proxies.
+SSE_KEEPALIVE_MS = 15000
+# When the connection drops, the browser reconnects after this long with the last event id.
+SSE_RETRY_MS = 3000
+
+
+def _form_errors(form) -> str:
+    return " ".join(str(error) for errors in form.errors.values() for error in errors)
+
+
+# --------------------------------------------------------------------------- search and ask
+
+
+@require_GET
+@member_required
+def search_page(request):
+    form = SearchForm(request.GET or None, workspace=request.workspace)
+    result = error = None
+    if form.is_bound and form.is_valid() and form.cleaned_data["q"].strip():
+        try:
+            result = chunk_search(
+                query=form.cleaned_data["q"],
+                workspace=request.workspace,
+                collection_ids=form.collection_ids(),
+                mode=form.cleaned_data["mode"],
+                top_k=RESULTS_PER_SEARCH,
+            )
+        except DomainError as exc:  # collections that cannot be searched together, or not the workspace's
+            error = str(exc)
+    names = {collection.pk: collection.name for collection in form.fields["collection"].queryset}
+    recent = (
+        in_workspaces(Answer, request.workspace)
+        .filter(asker=request.user)
+        .only("id", "question", "status", "mode", "created_at")[:RECENT_ON_SEARCH_PAGE]
+    )
+    return render(
+        request,
+        "search/search.html",
+        {
+            "form": form,
+            "result": result,
+            "hits": [(hit, names.get(hit.collection_id, "")) for hit in result.hits] if result else [],
+            "error": error,
+            "form_error": _form_errors(form) if form.is_bound else "",
+            "mode_label": dict(MODE_CHOICES).get(result.mode, "") if result else "",
+            "recent": recent,
+            "has_collections": bool(names),
+        },
+    )
+
+
+@require_POST
+@member_required
+def ask(request):
+    """Start an answer (``answer_create``); htmx gets the answer panel, which streams it."""
+    form = SearchForm(request.POST, workspace=request.workspace)
+    if not form.is_valid():
+        return _ask_refused(request, _form_errors(form), status=422)
+    try:
+        answer = answer_create(
+            workspace=request.workspace,
+            question=form.cleaned_data["q"],
+            collections=form.collection_ids(),
+            asker=request.user,
+        )
+    except RouteUnavailable as exc:
+        return _ask_refused(request, f"No model can answer now: {exc}", status=503)
+    except DomainError as exc:  # the question (AnswerError), the collections, a full pool
+        return _ask_refused(request, str(exc), status=422 if exc.status < 500 else exc.status)
+    if not request.htmx:
+        return redirect("ui:answer", answer_id=answer.pk)
+    # Stream even a finished (extractive) answer: it arrives the same way as a generated one.
+    return render(request, "search/_answer.html", {**_answer_context(answer, stream=True), "show_link": True})
+
+
+def _ask_refused(request, message: str, *, status: int):
+    if request.htmx:
+        return render(request, "search/_ask_refused.html", {"message": message}, status=status)
+    messages.error(request, message)
+    return redirect("ui:search")
+
+
+def _answer_context(answer: Answer, *, stream: bool) -> dict:
+    cited = {citation["number"] for citation in answer.citations}
+    return {
+        "answer": answer,
+        "stream": stream,
+        "text_html": "" if stream else answer_html(answer.text, answer.sources, answer.verification.get("sentences")),
+        "unsupported": sum(s.get("action") == "unsupported" for s in answer.verification.get("sentences", [])),
+        "sources": [{**source, "cited": source["number"] in cited} for source in answer.sources],
+        "source_links": sources_by_number(answer.sources),
+    }
+
+
+@require_GET
+@member_required
+def answer_detail(request, answer_id):
+    answer = get_object_or_404(in_workspaces(Answer, request.workspaces), pk=answer_id)
+    context = _answer_context(answer, stream=answer.status not in FINAL_ANSWER_STATUSES)
+    return render(request, "search/answer.html", context)
+
+
+@require_GET
+@member_required
+def answers(request):
+    """The user's questions in the current workspace, newest first."""
+    mine = (
+        in_workspaces(Answer, request.workspace)
+        .filter(asker=request.user)
+        .only("id", "question", "status", "mode", "created_at")
+    )
+    page = Paginator(mine, ANSWERS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "search/answers.html", {"page": page})
+
+
+@require_GET
+async def answer_event_stream(request, answer_id):
+    """An answer's events as Server-Sent Events: ``delta``, ``retry``, ``progress``, then
+    ``stats`` or ``error``, each with its stream id, so that the browser's automatic
+    reconnection resumes after the last event it received (``Last-Event-ID``)."""
+    user = await request.auser()
+    if not user.is_authenticated:
+        return HttpResponse("Log in to follow this answer.", status=403, content_type="text/plain")
+    if not await sync_to_async(_answer_visible)(user, answer_id):
+        raise Http404("no such answer")
+    after = request.headers.get("Last-Event-ID", "")
+    response = StreamingHttpResponse(
+        _answer_event_stream(answer_id, after if event_id_valid(after) else "0"),
+        content_type="text/event-stream",
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # a buffering proxy (nginx) passes each event on at once
+    return response
+
+
+def _answer_visible(user, answer_id) -> bool:
+    return in_workspaces(Answer, workspaces_visible_to(user)).filter(pk=answer_id).exists()
+
+
+async def _answer_event_stream(answer_id, after: str):
+    """``search.answers.answer_events`` as Server-Sent Events."""
+    yield f"retry: {SSE_RETRY_MS}\n\n"
+    try:
+        async for event in answer_events(answer_id, after=after, slice_ms=SSE_KEEPALIVE_MS):
+            if event.kind == QUIET:
+                yield ": keep-alive\n\n"
+                continue
+            data = json.dumps(event.data, separators=(",", ":"))
+            yield (f"id: {event.id}\n" if event.id else "") + f"event: {event.kind}\ndata: {data}\n\n"
+    except redis.RedisError:
+        # Ending without a terminal event makes the browser reconnect (from the last id)
+        # after SSE_RETRY_MS, by which time Redis may be back.
+        logger.warning("answer %s: its stream could not be read", answer_id, exc_info=True)
+
+
+@require_GET
+@member_required
+def passage(request, chunk_id):
+    """A passage in its context; htmx (the citation dialog) gets the passage alone."""
+    chunk = get_object_or_404(
+        in_workspaces(Chunk, request.workspaces)
+        .select_related("document__collection")
+        .defer("embedding", "bm25", "tsv"),
+        pk=chunk_id,
+    )
+    template = "search/_passage.html" if request.htmx else "search/passage.html"
+    return render(request, template, {"passage": passage_context(chunk), "document": chunk.document})
+
+
+# --------------------------------------------------------------------------- documents
+
+
+@require_GET
+@member_required
+def documents(request):
+    context = {"form": UploadForm(workspace=request.workspace), **_document_list(request)}
+    return render(request, "search/documents.html", context)
+
+
+@require_GET
+@member_required
+def document_list(request):
+    """The documents table alone: what the page polls while a document is in progress."""
+    return render(request, "search/_document_list.html", _document_list(request))
+
+
+_LISTED_FIELDS = (
+    "id",
+    "title",
+    "source_name",
+    "status",
+    "error",
+    "chunks_total",
+    "chunks_embedded",
+    "updated_at",
+    "collection__name",
+)
+
+
+def _document_list(request, *, page_number=None, note: str = "") -> dict:
+    in_workspace = in_workspaces(Document, request.workspace)
+    listed = in_workspace.select_related("collection").only(*_LISTED_FIELDS)
+    page = Paginator(listed, DOCUMENTS_PER_PAGE).get_page(page_number or request.GET.get("page"))
+    counts = dict(in_workspace.order_by().values_list("status").annotate(count=Count("pk")))
+    in_progress = sum(count for status, count in counts.items() if status not in FINAL_DOCUMENT_STATUSES)
+    total = sum(counts.values())
+    summary = "No documents yet."
+    if total:
+        indexed, failed = counts.get(Document.Status.INDEXED, 0), counts.get(Document.Status.FAILED, 0)
+        summary = (
+            f"{total} document{'s' if total != 1 else ''}: "
+            f"{indexed} indexed, {in_progress} in progress, {failed} failed."
+        )
+    return {"page": page, "polling": in_progress > 0, "summary": f"{note} {summary}".strip()}
+
+
+@dataclass(frozen=True)
+class UploadOutcome:
+    kind: str  # added, duplicate or rejected
+    message: str
+
+
+def _upload(collection, files) -> list[UploadOutcome]:
+    """What became of each file (``documents_upload``: all or nothing, as in the API)."""
+    try:
+        stored = documents_upload(collection=collection, files=files)
+    except DocumentRejected as exc:
+        refusals = getattr(exc, "refusals", [exc])
+        which = "that file" if len(refusals) == 1 else "those files"
+        return [
+            *(UploadOutcome("rejected", str(refusal)) for refusal in refusals),
+            UploadOutcome("rejected", f"Nothing was stored: remove or fix {which} and upload again."),
+        ]
+    names = [source_name_clean(file.name) for file in files]
+    return [
+        UploadOutcome("added", f"{name}: queued for indexing in {collection.name}.")
+        if created
+        else UploadOutcome("duplicate", f"{name}: already in {collection.name} as “{document.title}”.")
+        for name, (document, created) in zip(names, stored, strict=True)
+    ]
+
+
+@require_POST
+@member_required
+def upload(request):
+    """Store the files as documents, ingestion queued (``documents_upload``: all or nothing)."""
+    form = UploadForm(request.POST, request.FILES, workspace=request.workspace)
+    if not form.is_valid():
+        if request.htmx:
+            return render(request, "search/_upload_report.html", {"refused": _form_errors(form)}, status=422)
+        messages.error(request, _form_errors(form))
+        return redirect("ui:documents")
+    outcomes = _upload(form.cleaned_data["collection"], form.cleaned_data["files"])
+    if request.htmx:
+        added = sum(outcome.kind == "added" for outcome in outcomes)
+        context = {"outcomes": outcomes, **_document_list(request, note=f"{added} of {len(outcomes)} files added.")}
+        # Every file refused: 422 (which htmx still shows), as for a refused form.
+        refused = all(outcome.kind == "rejected" for outcome in outcomes)
+        return render(request, "search/_upload_report.html", context, status=422 if refused else 200)
+    levels = {"added": messages.SUCCESS, "duplicate": messages.INFO, "rejected": messages.ERROR}
+    for outcome in outcomes:
+        messages.add_message(request, levels[outcome.kind], outcome.message)
+    return redirect("ui:documents")
+
+
+def _member_document(request, document_id) -> Document:
+    return get_object_or_404(in_workspaces(Document, request.workspaces).select_related("collection"), pk=document_id)
+
+
+def _after_document_action(request, note: str):
+    if request.htmx:
+        context = _document_list(request, page_number=request.POST.get("page"), note=note)
+        return render(request, "search/_document_list.html", context)
+    messages.success(request, note)
+    return redirect("ui:documents")
+
+
+@require_POST
+@member_required
+def document_retry_view(request, document_id):
+    document = document_retry(document=_member_document(request, document_id))
+    return _after_document_action(request, f"“{document.title}” is queued again.")
+
+
+@require_POST
+@member_required
+def document_delete_view(request, document_id):
+    document = _member_document(request, document_id)
+    document_delete(document=document)
+    return _after_document_action(request, f"“{document.title}” deleted.")
+
+
+# --------------------------------------------------------------------------- workspace
+
+
+@require_POST
+@member_required
+def workspace_switch(request):
+    """Make another of the user's workspaces the current one (kept in the session)."""
+    chosen = next((w for w in request.workspaces if w.slug == request.POST.get("workspace")), None)
+    if chosen is None:
+        raise Http404("no such workspace among yours")
+    workspace_choose(request, chosen)
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        target = reverse("ui:search")
+    return redirect(target)

@@ -1,0 +1,134 @@
+"""The browser UI end to end: headless Chromium (Selenium, through the system's chromedriver)
+against the site under uvicorn, with an ``ingest``+``default`` Celery worker, on the test
+database. A user logs in, uploads a file and watches it reach "Indexed", searches, asks (no
+route is configured, so the answer is extractive, streamed through the same SSE view), opens
+a citation, and stops an answer that is still being written.
+
+Screenshots (the search page at desktop and phone widths, the cited passage, the documents)
+are kept as test artifacts in ``test-artifacts/`` at the repository's root (git-ignored;
+``TEST_ARTIFACTS_DIR`` to put them elsewhere), replaced by each run; their paths are printed
+(``pytest -s`` shows them). Without Chromium, chromedriver or
+selenium the test is skipped, saying what to install (tests/browser.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from inference.streams import StreamWriter
+from search.models import Answer, Chunk
+from search.services import collection_create, workspace_create
+from tests.browser import console_errors, wait_until
+from tests.frontdoors.ui.conftest import PASSWORD, member
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # the server sees committed rows
+
+ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or Path(__file__).resolve().parents[3] / "test-artifacts")
+ROBOT = (
+    "# Atlas-7 robot\n\nThe Atlas-7 warehouse robot runs for 10 hours on one battery charge. "
+    "Charging the battery takes 90 minutes at the dock.\n\n## Maintenance\n\n"
+    "The wheels are replaced every 2,000 hours of operation."
+)
+
+
+def test_log_in_upload_search_ask_and_open_a_citation(browser, start_web, start_worker, settings, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as shown
+
+    workspace = workspace_create(name="Acme", slug="acme")
+    collection_create(workspace=workspace, name="Handbook")
+    ann = member("ann", workspace)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    upload = tmp_path / "atlas-robot.md"
+    upload.write_text(ROBOT)
+    shared_media = {"MEDIA_ROOT": str(settings.MEDIA_ROOT)}  # the server stores what the worker reads
+
+    with start_worker(["ingest", "default"], env=shared_media), start_web(env=shared_media) as base_url:
+        # Log in: the documents page asks for it first, then comes back.
+        browser.get(f"{base_url}/documents/")
+        assert "/accounts/login/" in browser.current_url
+        browser.find_element(By.ID, "id_username").send_keys("ann")
+        browser.find_element(By.ID, "id_password").send_keys(PASSWORD, Keys.ENTER)
+        wait_until(browser, shown.text_to_be_present_in_element((By.TAG_NAME, "h1"), "Documents in Acme"))
+        ActionChains(browser).send_keys(Keys.TAB).perform()
+        assert browser.switch_to.active_element.text == "Skip to main content"  # the first stop for keyboards
+
+        # Upload (the file input; dropping files fills the same input) and watch it get indexed.
+        browser.find_element(By.ID, "id_files").send_keys(str(upload))
+        browser.find_element(By.CSS_SELECTOR, ".upload-form button[type='submit']").click()
+        wait_until(browser, shown.text_to_be_present_in_element((By.ID, "upload-report"), "queued for indexing"))
+        wait_until(
+            browser,
+            shown.presence_of_element_located((By.CSS_SELECTOR, "#document-list tr[data-status='indexed']")),
+            timeout=45,
+            message="the uploaded document was not indexed",
+        )
+        wait_until(browser, shown.text_to_be_present_in_element((By.ID, "document-summary"), "1 indexed"))
+        browser.save_screenshot(str(ARTIFACTS / "documents.png"))
+
+        # Search: highlighted snippets, linked to their passages.
+        browser.find_element(By.LINK_TEXT, "Search").click()
+        browser.find_element(By.ID, "id_q").send_keys("How long does the robot battery last?", Keys.ENTER)
+        hit = wait_until(browser, shown.presence_of_element_located((By.CSS_SELECTOR, ".hit")))
+        assert hit.find_elements(By.TAG_NAME, "mark") and "Atlas-7 robot" in hit.text
+
+        # Ask: the extractive answer streams in, labelled, with numbered citations.
+        browser.find_element(By.XPATH, "//button[normalize-space()='Ask']").click()
+        answer = wait_until(browser, shown.presence_of_element_located((By.CSS_SELECTOR, ".answer[data-state='done']")))
+        assert "Extractive answer" in answer.text
+        assert answer.find_element(By.CSS_SELECTOR, "[data-answer-text]").text.startswith("Extracted from the sources")
+        assert answer.find_element(By.CSS_SELECTOR, "[data-answer-status]").text == "Done."
+        screenshot = ARTIFACTS / "search.png"
+        browser.save_screenshot(str(screenshot))
+        print(f"search page screenshot: {screenshot}")
+
+        # A citation opens its passage, highlighted, in a dialog; Escape closes it.
+        citation = answer.find_element(By.CSS_SELECTOR, "a.cite")
+        assert citation.get_attribute("aria-label").startswith("Source 1: ")
+        citation.click()
+        dialog = wait_until(browser, shown.visibility_of_element_located((By.ID, "passage-dialog")))
+        highlighted = wait_until(browser, lambda _: dialog.find_element(By.CSS_SELECTOR, ".passage-hit"))
+        assert "battery" in highlighted.text
+        browser.save_screenshot(str(ARTIFACTS / "citation.png"))
+        browser.switch_to.active_element.send_keys(Keys.ESCAPE)
+        wait_until(browser, shown.invisibility_of_element_located((By.ID, "passage-dialog")))
+
+        browser.set_window_size(390, 844)  # a phone
+        browser.save_screenshot(str(ARTIFACTS / "search-phone.png"))
+        print(f"phone-width screenshot: {ARTIFACTS / 'search-phone.png'}")
+
+        # An answer still being written streams on its own page, and can be stopped.
+        chunk = Chunk.objects.get()
+        pending = Answer.objects.create(
+            workspace=workspace,
+            asker=ann,
+            question="Still thinking?",
+            status=Answer.Status.GENERATING,
+            sources=[{"number": 1, "chunk_id": chunk.pk, "document_id": chunk.document_id, "title": "Atlas-7 robot"}],
+        )
+        writer = StreamWriter(str(pending.id))
+        writer.write("delta", text="Ten hours [")  # a citation split across two deltas
+        browser.get(f"{base_url}/answers/{pending.pk}/")
+        text = browser.find_element(By.CSS_SELECTOR, "[data-answer-text]")
+
+        def shown_text() -> str:  # exactly, spaces included (WebDriver's .text trims)
+            return text.get_attribute("textContent")
+
+        wait_until(browser, lambda _: shown_text() == "Ten hours ")  # the open bracket waits for the rest
+        writer.write("delta", text="1], then more")
+        wait_until(browser, lambda _: shown_text() == "Ten hours [1], then more")
+        assert text.find_element(By.CSS_SELECTOR, "a.cite").get_attribute("href").endswith(f"/passages/{chunk.pk}/")
+        browser.find_element(By.CSS_SELECTOR, "[data-answer-stop]").click()
+        assert browser.find_element(By.CSS_SELECTOR, "[data-answer-status]").text == "Stopped."
+        writer.write("delta", text=" that nobody reads.")
+        time.sleep(0.5)
+        assert shown_text() == "Ten hours [1], then more"
+        # The whole walk ran under the content security policy (ragsite/settings.py) with no
+        # violation and no script error.
+        assert console_errors(browser) == []
