@@ -202,3 +202,34 @@ def query_embedding(name: str, text: str) -> np.ndarray:
     except Exception:
         logger.warning("query embedding cache unavailable", exc_info=True)
     return vector
+
+
+def passage_embeddings(name: str, texts: Sequence[str]) -> np.ndarray:
+    """Embed passage sentences, each cached in Redis as queries are (``query_embedding``).
+
+    The citation check compares every claim with every sentence of the passages its answer
+    was given, and popular passages come back answer after answer: on a 2-core CPU embedding
+    them again cost about 0.5 s an answer (docs/benchmarks.md, "Load"). One ``MGET`` finds the
+    cached ones; the rest are embedded in one call and stored."""
+    if not texts:
+        return np.zeros((0, embedder_get(name).dimensions), dtype=np.float32)
+    keys = ["pemb:" + hashlib.sha256(f"{name}\0{text}".encode()).hexdigest() for text in texts]
+    try:
+        cached = cache.get_many(keys)
+    except Exception:  # a cache outage must not take the citation check down with it
+        cached = {}
+    missing = [index for index, key in enumerate(keys) if key not in cached]
+    vectors: list[np.ndarray | None] = [
+        None if key not in cached else np.frombuffer(cached[key], dtype=np.float32) for key in keys
+    ]
+    if missing:
+        embedded = np.asarray(embedder_get(name).embed_documents([texts[i] for i in missing]), dtype=np.float32)
+        for index, vector in zip(missing, embedded, strict=True):
+            vectors[index] = vector
+        try:
+            cache.set_many(
+                {keys[i]: vector.tobytes() for i, vector in zip(missing, embedded, strict=True)}, QUERY_CACHE_SECONDS
+            )
+        except Exception:
+            logger.warning("passage embedding cache unavailable", exc_info=True)
+    return np.stack(vectors)

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from search.bm25 import texts_lexemes
-from search.embedders import EmbedderError, embedder_get
+from search.embedders import EmbedderError, embedder_get, passage_embeddings
 from search.prompting import CitationMarker, citation_markers
 
 logger = logging.getLogger(__name__)
@@ -635,8 +635,8 @@ class SupportTable:
 def support_table(
     claims: list[str], passages: list[str], *, embedding_model: str | None, text_search_config: str | None
 ) -> SupportTable:
-    """One embedding call for the claims and every passage sentence, one query for the
-    lexemes of all texts."""
+    """One embedding call for the claims, one for the passage sentences not cached yet
+    (``passage_embeddings``), one query for the lexemes of all texts."""
     if not claims:
         return SupportTable(dense=None, overlaps=[], claims=[], passages=[])
     units = [passage_units(text) for text in passages]
@@ -652,7 +652,10 @@ def support_table(
     dense = None
     if embedding_model and claims and passages:
         try:
-            vectors = embedder_get(embedding_model).embed_documents(claims + [u for group in units for u in group])
+            embedder = embedder_get(embedding_model)
+            flat = [u for group in units for u in group]
+            # Claims are new each answer; passage sentences recur, so theirs are cached.
+            vectors = np.concatenate([embedder.embed_documents(claims), passage_embeddings(embedding_model, flat)])
         except (EmbedderError, OSError, RuntimeError, ValueError) as exc:
             logger.warning("citations verified without embeddings (%s)", exc)
         else:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from django.core.cache.backends.locmem import LocMemCache
 
-from search import verification
+from search import embedders, verification
 from search.embedders import DEFAULT_EMBEDDER, EmbedderError, embedder_get
 from search.verification import answer_verify, support_table
 
@@ -309,16 +310,20 @@ def test_without_a_text_search_configuration_words_are_compared_as_written():
     assert actions(result) == [("reattributed", [2])]
 
 
-def test_one_embedding_call_and_one_query_per_answer(monkeypatch, django_assert_num_queries):
+def test_one_query_and_the_passages_sentences_embedded_once_per_answer(monkeypatch, django_assert_num_queries):
     real = embedder_get(DEFAULT_EMBEDDER)
     calls: list[int] = []
 
     class Counting:
+        dimensions = real.dimensions
+
         def embed_documents(self, texts):
             calls.append(len(texts))
             return real.embed_documents(texts)
 
     monkeypatch.setattr(verification, "embedder_get", lambda name: Counting())
+    monkeypatch.setattr(embedders, "embedder_get", lambda name: Counting())
+    monkeypatch.setattr(embedders, "cache", LocMemCache("passage-embeddings", {}))  # a cold cache of its own
     answer = " ".join(
         [
             "The full-day per-diem in Switzerland is €68 [1].",
@@ -329,10 +334,13 @@ def test_one_embedding_call_and_one_query_per_answer(monkeypatch, django_assert_
     )
     with django_assert_num_queries(1):
         result = verify(answer)
-
-    assert len(calls) == 1
-    assert calls[0] > 4  # the four claims and every sentence of the three passages
-    assert result.grounded == 1.0
+    # One call for the four claims, one for every sentence of the three passages.
+    assert calls[0] == 4 and calls[1] > 3 and len(calls) == 2
+    # The next answer from the same passages embeds only its own claims.
+    again = verify(answer)
+    assert calls[2:] == [4]
+    assert result.grounded == again.grounded == 1.0
+    assert [s.supported for s in again.sentences] == [s.supported for s in result.sentences]
 
 
 # --------------------------------------------------------------------------- the labelled set
