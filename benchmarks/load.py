@@ -10,7 +10,8 @@ OpenAI-protocol stand-in of the tests (``tests/upstream_server.py``) as the upst
 default route. No beat (its jobs are periodic housekeeping, not on a request's path).
 ``--docs`` Cranfield documents are ingested first (in this process, untimed) into one
 collection; the queries are the first ``--queries`` of Cranfield's, in turn, each embedded
-once during the warm-up so that every level meets the query-embedding cache alike.
+once during the warm-up so that every level meets the query-embedding cache alike; each query is answered
+once too, so that every level meets the workers' embedder loaded and the passages' sentences embedded.
 
 Database connections. The web process pools its connections (``DATABASE_POOL=auto``: on
 under ASGI, ragsite/settings.py). Without the pool (``--database-pool off``), Django runs
@@ -194,7 +195,9 @@ def post(url: str, token: str, body: dict, timeout: float = 120) -> tuple[int, d
 
 def warm_up(base_url: str, tokens: list[str], queries: list[str], max_tokens: int) -> None:
     """The web process loads the embedder and embeds every query once (its cache then serves
-    them, at every level alike); a first answer end to end."""
+    them, at every level alike); every query answered once end to end, which loads the
+    workers' embedder and caches the embeddings of the passages' sentences the citation
+    check compares (``search.embedders.passage_embeddings``), again for every level alike."""
     from concurrent.futures import ThreadPoolExecutor
 
     def search(query: str) -> None:
@@ -205,11 +208,16 @@ def warm_up(base_url: str, tokens: list[str], queries: list[str], max_tokens: in
     search(queries[0])
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(search, queries))
-    for query in queries[:2]:
+
+    def answer(query: str) -> None:
         chat = {"model": "default", "messages": [{"role": "user", "content": query}], "max_tokens": max_tokens}
         status, body = post(f"{base_url}/v1/chat/completions", tokens[0], chat)
         if status != 200 or not body["choices"][0]["message"]["content"]:
             raise SystemExit(f"warm-up answer failed: {status} {body}")
+
+    answer(queries[0])
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(answer, queries))
 
 
 # --------------------------------------------------------------------------- the runs

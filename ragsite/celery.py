@@ -19,7 +19,7 @@ from enum import StrEnum
 import kombu
 import redis
 from celery import Celery
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, worker_init
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 from kombu import Queue as KombuQueue
@@ -119,6 +119,19 @@ app.conf.update(
 
 
 app.conf.beat_schedule = BEAT_SCHEDULE
+
+
+# A worker's processes (prefork) or threads embed at the same time: each gets its share of
+# the cores. torch's own default, every core in every process, oversubscribed a 2-core host
+# (the citation checks of 16 concurrent answers ran a third as fast: docs/benchmarks.md,
+# "Load"). Read by search.embedders when it loads a model (settings.EMBEDDING_THREADS).
+CPU_SHARE_ENV = "RAGSITE_CPU_SHARE"
+
+
+@worker_init.connect
+def _cpu_share_set(sender=None, **_):
+    concurrency = getattr(sender, "concurrency", None) or 1
+    os.environ[CPU_SHARE_ENV] = str(max(1, (os.cpu_count() or 1) // concurrency))
 
 
 @task_prerun.connect

@@ -316,6 +316,9 @@ GENERATION_QUEUE_RETRY_AFTER_S = env_int("GENERATION_QUEUE_RETRY_AFTER_S", 2, mi
 
 # auto: bf16 where the CPU (AVX512-BF16/AMX) or a GPU runs it natively, else fp32.
 EMBEDDING_PRECISION = env_choice("EMBEDDING_PRECISION", "auto", ("auto", "fp32", "bf16"))
+# Threads torch embeds with in one process. 0: the process's share of the CPUs, that is a
+# Celery worker's cores over its concurrency (ragsite/celery.py), all of them elsewhere.
+EMBEDDING_THREADS = env_int("EMBEDDING_THREADS", 0, minimum=0)
 EMBEDDING_API_BASE_URL = env_url("EMBEDDING_API_BASE_URL", ("http", "https"))
 EMBEDDING_API_KEY = env_str("EMBEDDING_API_KEY", "")
 EMBEDDING_API_DIMENSIONS = env_int("EMBEDDING_API_DIMENSIONS", 1536, minimum=1, maximum=4000)

@@ -25,6 +25,7 @@ from django.core.cache import cache
 
 from inference.hardware import cpu_has_bf16
 from ragsite import metrics
+from ragsite.celery import CPU_SHARE_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,9 @@ class LocalSentenceEmbedder:
                 import torch
                 from sentence_transformers import SentenceTransformer
 
+                threads = settings.EMBEDDING_THREADS or int(os.environ.get(CPU_SHARE_ENV, "0"))
+                if threads:
+                    torch.set_num_threads(threads)
                 device = "cuda" if torch.cuda.is_available() else "cpu"
                 model = SentenceTransformer(self.model_path, device=device)
                 model.eval()

