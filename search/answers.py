@@ -185,8 +185,9 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         result = chunk_search(
             query=answer.question,
             workspace=answer.workspace,
-            # None: a workspace without collections (an empty list names none, which is refused).
-            collection_ids=[collection.pk for collection in collections] or None,
+            # The collections chosen when it was asked (no second query); None: a workspace
+            # without collections (an empty list names none, which is refused).
+            collection_ids=collections or None,
             mode="hybrid",
             top_k=top_k,
             snippets=False,

@@ -30,7 +30,7 @@ from ragsite.celery import CPU_SHARE_ENV
 logger = logging.getLogger(__name__)
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
-QUERY_CACHE_SECONDS = 24 * 3600
+EMBEDDING_CACHE_SECONDS = 24 * 3600
 
 
 class EmbedderError(Exception):
@@ -190,50 +190,50 @@ def embedder_get(name: str) -> Embedder:
     raise EmbedderError(f"unknown embedding model {name!r}: use {DEFAULT_EMBEDDER} or openai:<model>")
 
 
+def embedding_cache_key(kind: str, name: str, text: str) -> str:
+    """Where ``embeddings_cached`` keeps a text's vector (``kind``: "q" a query, "p" a passage sentence)."""
+    return f"{kind}emb:" + hashlib.sha256(f"{name}\0{text}".encode()).hexdigest()
+
+
+def embeddings_cached(kind: str, name: str, texts: Sequence[str], *, query: bool = False) -> tuple[np.ndarray, int]:
+    """The vectors of ``texts`` under embedder ``name``, each cached in Redis for a day, and
+    how many came from the cache. One ``MGET`` finds the cached ones; the rest are embedded
+    in one call (``embed_query`` for a single query) and stored. A cache outage only costs
+    the model's time."""
+    keys = [embedding_cache_key(kind, name, text) for text in texts]
+    try:
+        cached = cache.get_many(keys)
+    except Exception:  # a cache outage must not take search or the citation check down with it
+        cached = {}
+    vectors = [np.frombuffer(cached[key], dtype=np.float32) if key in cached else None for key in keys]
+    missing = [index for index, vector in enumerate(vectors) if vector is None]
+    if missing:
+        embedder = embedder_get(name)
+        if query and len(missing) == 1:
+            embedded = [np.asarray(embedder.embed_query(texts[missing[0]]), dtype=np.float32)]
+        else:
+            embedded = np.asarray(embedder.embed_documents([texts[i] for i in missing]), dtype=np.float32)
+        for index, vector in zip(missing, embedded, strict=True):
+            vectors[index] = vector
+        try:
+            cache.set_many({keys[i]: vectors[i].tobytes() for i in missing}, EMBEDDING_CACHE_SECONDS)
+        except Exception:
+            logger.warning("embedding cache unavailable", exc_info=True)
+    if not vectors:
+        return np.zeros((0, embedder_get(name).dimensions), dtype=np.float32), 0
+    return np.stack(vectors), len(texts) - len(missing)
+
+
 def query_embedding(name: str, text: str) -> np.ndarray:
-    """Embed a search query, cached in Redis: repeated questions skip the model entirely."""
-    key = "qemb:" + hashlib.sha256(f"{name}\0{text}".encode()).hexdigest()
-    try:
-        cached = cache.get(key)
-    except Exception:  # a cache outage must not take search down with it
-        cached = None
-    metrics.query_embedding_cache(hit=cached is not None)
-    if cached is not None:
-        return np.frombuffer(cached, dtype=np.float32)
-    vector = np.asarray(embedder_get(name).embed_query(text), dtype=np.float32)
-    try:
-        cache.set(key, vector.tobytes(), QUERY_CACHE_SECONDS)
-    except Exception:
-        logger.warning("query embedding cache unavailable", exc_info=True)
+    """Embed a search query, cached: repeated questions skip the model entirely."""
+    (vector,), hits = embeddings_cached("q", name, [text], query=True)
+    metrics.query_embedding_cache(hit=hits == 1)
     return vector
 
 
 def passage_embeddings(name: str, texts: Sequence[str]) -> np.ndarray:
-    """Embed passage sentences, each cached in Redis as queries are (``query_embedding``).
-
-    The citation check compares every claim with every sentence of the passages its answer
-    was given, and popular passages come back answer after answer: on a 2-core CPU embedding
-    them again cost about 0.5 s an answer (docs/benchmarks.md, "Load"). One ``MGET`` finds the
-    cached ones; the rest are embedded in one call and stored."""
-    if not texts:
-        return np.zeros((0, embedder_get(name).dimensions), dtype=np.float32)
-    keys = ["pemb:" + hashlib.sha256(f"{name}\0{text}".encode()).hexdigest() for text in texts]
-    try:
-        cached = cache.get_many(keys)
-    except Exception:  # a cache outage must not take the citation check down with it
-        cached = {}
-    missing = [index for index, key in enumerate(keys) if key not in cached]
-    vectors: list[np.ndarray | None] = [
-        None if key not in cached else np.frombuffer(cached[key], dtype=np.float32) for key in keys
-    ]
-    if missing:
-        embedded = np.asarray(embedder_get(name).embed_documents([texts[i] for i in missing]), dtype=np.float32)
-        for index, vector in zip(missing, embedded, strict=True):
-            vectors[index] = vector
-        try:
-            cache.set_many(
-                {keys[i]: vector.tobytes() for i, vector in zip(missing, embedded, strict=True)}, QUERY_CACHE_SECONDS
-            )
-        except Exception:
-            logger.warning("passage embedding cache unavailable", exc_info=True)
-    return np.stack(vectors)
+    """Embed passage sentences, cached as queries are. The citation check compares every
+    claim with every sentence of the passages its answer was given, and popular passages
+    come back answer after answer: on a 2-core CPU embedding them again cost about 0.5 s an
+    answer (docs/benchmarks.md, "Load")."""
+    return embeddings_cached("p", name, texts)[0]

@@ -50,12 +50,19 @@ def collections_chosen(
     workspace: Workspace | None, collection_ids: Iterable[int | Collection] | None, *, field: str = "collections"
 ) -> list[Collection]:
     """The collections of ``workspace`` a request names, in id order; None names all of them.
-    ``workspace`` None (the operator's shell, benchmarks): any workspace's. Raises
-    ``CollectionNotFound`` on ``field`` for an id that is not an integer, for an empty list, and
-    for ids the workspace does not have, naming them."""
+    ``workspace`` None (the operator's shell, benchmarks): any workspace's. Collections already
+    loaded (an answer's, chosen when it was asked) are taken as they are, without a query.
+    Raises ``CollectionNotFound`` on ``field`` for an id that is not an integer, for an empty
+    list, and for ids the workspace does not have, naming them."""
     collections = Collection.objects.all() if workspace is None else in_workspaces(Collection, workspace)
     if collection_ids is None:
         return list(collections.order_by("pk"))
+    collection_ids = list(collection_ids)
+    if collection_ids and all(
+        isinstance(item, Collection) and (workspace is None or item.workspace_id == workspace.pk)
+        for item in collection_ids
+    ):
+        return sorted(set(collection_ids), key=lambda collection: collection.pk)
     ids = []
     for item in collection_ids:
         if isinstance(item, Collection):

@@ -85,7 +85,7 @@ def chunk_search(
     *,
     query: str,
     workspace: Workspace | None,
-    collection_ids: list[int] | None = None,
+    collection_ids: list[int | Collection] | None = None,
     mode: str = "hybrid",
     top_k: int = 10,
     metadata: dict | None = None,
@@ -169,7 +169,7 @@ def chunk_search(
     )
 
 
-def _scope(workspace: Workspace | None, collection_ids: list[int] | None, mode: str) -> _Scope | None:
+def _scope(workspace: Workspace | None, collection_ids: list[int | Collection] | None, mode: str) -> _Scope | None:
     """The collections searched and what they share (None: the workspace has none). The
     rankings a mode uses need one embedding model (dense) and one language (keyword)."""
     collections = collections_chosen(workspace, collection_ids)

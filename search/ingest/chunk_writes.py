@@ -77,8 +77,13 @@ def chunks_write(
         embedder=embedder,
         vectors=[vectors],
     )
+    return _write_one(item)
+
+
+def _write_one(item: Prepared) -> bool:
+    """One document's write in its own transaction; a duplicate text is an ``IngestError``."""
     try:
-        return document.pk in _chunks_write([item])
+        return item.document.pk in _chunks_write([item])
     except IntegrityError as exc:
         if "document_unique_text" in str(exc):
             raise IngestError("same text as another document in this collection") from None
@@ -99,15 +104,7 @@ def chunks_write_batch(items: list[Prepared]) -> None:
     except (IntegrityError, DataError):
         for item in items:
             try:
-                chunks_write(
-                    document=item.document,
-                    chunks=item.chunks,
-                    vectors=np.concatenate(item.vectors),
-                    embedder=item.embedder,
-                    text_sha256=item.text_sha256,
-                    title=item.title,
-                    metadata=item.metadata,
-                )
+                _write_one(item)
             except IngestError as exc:
                 document_fail(item.document, str(exc))
 
