@@ -6,9 +6,11 @@ recognise it), the 8-character prefix is the lookup id, the secret is 32 random 
 characters are stored. SHA-256 rather than a slow password hash: the key has 256 bits of
 entropy, so there is nothing to brute-force, and every API request checks one.
 
-``client_key_authenticate`` finds the row by prefix and compares hashes with ``hmac.compare_digest``
-(constant time); an unknown prefix is compared against a dummy hash too, so both failures
-take the same path. Every refusal is a ``ClientKeyError`` whose ``code`` and ``status`` the
+``client_key_authenticate`` finds the row by prefix, with its workspace, in one prepared
+hand-written statement (``ragsite.rows``: every API request runs it, and the ORM's compilation
+cost more than the round trip), and compares hashes with ``hmac.compare_digest`` (constant
+time); an unknown prefix is compared against a dummy hash too, so both failures take the
+same path. Every refusal is a ``ClientKeyError`` whose ``code`` and ``status`` the
 APIs turn into their error shapes (frontdoors/api/errors.py, frontdoors/openai_api/errors.py):
 401 for a missing, malformed, unknown, expired or revoked key, 403 for a key without the
 scope. ``last_used_at`` is written at most once a minute per key (a conditional UPDATE,
@@ -17,6 +19,7 @@ sent only when the loaded value is older than that).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
@@ -29,6 +32,7 @@ from django.utils import timezone
 
 from billing.models import ClientKey
 from ragsite.errors import DomainError
+from ragsite.rows import Rows, fetch_one
 
 KEY_PREFIX = "rk_"
 _PREFIX_ALPHABET = string.ascii_letters + string.digits
@@ -101,7 +105,7 @@ def client_key_authenticate(token: str | None, *, scope: str | None = None, now:
             "missing_api_key", "No API key: send it as 'Authorization: Bearer rk_...' (create one in the admin)."
         )
     match = _KEY_FORMAT.match(token.strip())
-    key = ClientKey.objects.select_related("workspace").filter(prefix=match.group(1)).first() if match else None
+    key = _key_with_workspace(match.group(1)) if match else None
     expected = key.secret_hash if key is not None else _DUMMY_HASH
     if not hmac.compare_digest(expected, _hash(token.strip())) or key is None:
         raise ClientKeyError("invalid_api_key", "The API key is not valid: check that it was copied whole.")
@@ -120,6 +124,25 @@ def client_key_authenticate(token: str | None, *, scope: str | None = None, now:
             status=403,
         )
     _record_use(key, now)
+    return key
+
+
+@functools.cache
+def _key_statement() -> tuple[Rows, str]:
+    workspace = ClientKey._meta.get_field("workspace").related_model
+    rows = Rows((ClientKey, "k"), (workspace, "w"))
+    tables = f"{ClientKey._meta.db_table} k JOIN {workspace._meta.db_table} w ON w.id = k.workspace_id"
+    return rows, f"SELECT {rows.columns} FROM {tables} WHERE k.prefix = %s"  # noqa: S608
+
+
+def _key_with_workspace(prefix: str) -> ClientKey | None:
+    """The key with this prefix (unique) and its workspace, or None."""
+    rows, sql = _key_statement()
+    row = fetch_one(sql, [prefix])
+    if row is None:
+        return None
+    key, workspace = rows.instances(row)
+    key.workspace = workspace
     return key
 
 

@@ -18,8 +18,9 @@ from datetime import datetime
 from django.conf import settings
 from django.db import connection
 
-from inference.rows import cursor, fetch_one, route_rows
+from inference.models import Provider, Route
 from inference.secrets import decrypt
+from ragsite.rows import Rows, cursor, fetch_one
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,12 @@ def upstream_key_succeeded(key_id: int) -> None:
     """(A routed request does this in the statement that writes its ledger row.)"""
     with cursor() as cursor_:
         cursor_.execute(_SUCCESS + " " + (_NO_FLUSH if not connection.in_atomic_block else ""), [key_id])
+
+
+@functools.cache
+def route_rows() -> Rows:
+    """A route and its provider, aliased ``r`` and ``p``: what every routed request reads first."""
+    return Rows((Route, "r"), (Provider, "p"))
 
 
 def route_with_key(route_id: int) -> tuple:

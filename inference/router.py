@@ -7,7 +7,7 @@ upstream; ``RouteUnavailable`` first when no key could serve). The worker runs
 and failover, streams into ``gen:<request_id>`` and writes the ledger row.
 
 The payload carries ids, never secrets: the worker decrypts the key it picks. The route
-lookups are hand-written statements (``inference.rows``); a process keeps what it resolved
+lookups are hand-written statements (``ragsite.rows``); a process keeps what it resolved
 and, on each request, reads only the routing version (``inference.models.RoutingVersion``,
 moved by database triggers on any change a plan depends on) to know it is still current.
 See docs/routing.md, "Keys, retries and failover".
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from inference import backpressure, canary, keypool
 from inference.errors import NoRouteConfigured, PoolWarming, RouteNotFound, RouteUnavailable, SpeculationUnavailable
 from inference.models import CanaryRelease, Provider, Route
-from inference.rows import Rows, fetch_one
 from inference.tasks import generate_routed
 from ragsite.logs import current_request_id
+from ragsite.rows import Rows, fetch_one
 
 
 @dataclass(frozen=True)
@@ -127,10 +127,6 @@ def _resolve(route_name: str | None) -> Resolved:
 
 def _usable(usable_from: float | None) -> bool:
     return usable_from is not None and usable_from <= time.time()
-
-
-def route_resolve(route_name: str | None) -> Route:
-    return _resolve(route_name).route
 
 
 def plan(

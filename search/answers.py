@@ -4,12 +4,17 @@
 
 1. validates the question (``AnswerError`` names the field) and the collections
    (``search.scoping.collections_chosen``);
-2. stores the ``Answer`` (``queued``) and asks the router for a route and canary arm
-   (``inference.router.plan``, request id = the answer's id);
+2. asks the router for a route and canary arm (``inference.router.plan``, request id = the
+   answer's id), unless the caller brings the plan it made;
 3. retrieves with ``chunk_search`` (hybrid) and builds the prompt within the serving
    provider's context window (``search.prompting``);
-4. submits the generation (``inference.router.submit``, queue ``gpu`` or ``remote``) with
-   its outcome addressed to this answer, and returns the answer (``generating``).
+4. stores the ``Answer`` (``generating``, one INSERT with its links to the collections: a
+   row and then its update were two round trips before the first token), submits the
+   generation (``inference.router.submit``, queue ``gpu`` or ``remote``) with its outcome
+   addressed to this answer, and returns the answer.
+
+A request refused on the way (a route, speculative options, the prompt, the key's limits,
+no usable key) is stored ``failed`` with its reason, and the error propagates.
 
 The tokens stream into ``gen:<answer id>`` (``answer_stream_read``). When the generation
 ends, however it ends, its outcome comes back once, in its ledger entry: the ledger's drain
@@ -65,6 +70,7 @@ from ragsite.logs import request_received_at
 from ragsite.outages import outage_of
 from ragsite.redis import redis_async_client, redis_client
 from search import abstention, prompting
+from search.embedders import DEFAULT_EMBEDDER
 from search.extractive import extractive_answer
 from search.models import Answer, Chunk, Collection, Workspace
 from search.scoping import collections_chosen
@@ -108,14 +114,19 @@ def answer_create(
     temperature: float | None = None,
     client_key=None,
     speculative: dict | None = None,
+    plan: router.Plan | None = None,
 ) -> Answer:
     """Answer ``question`` from ``collections`` (default: all of the workspace's); see the module docstring.
 
     ``client_id``: whose canary arm applies (an API key's id); defaults to the asker's id.
     ``client_key``: the API key asking (``billing.models.ClientKey``): each generation
-    request is admitted against its limits first (``billing.limits``) and billed to it.
+    request is admitted against its limits first (``billing.limits``) and billed to it; an
+    extractive answer is admitted against them too, and costs nothing.
     ``speculative``: this request's speculative options (``{"enabled", "draft_model", "k"}``),
     which choose the endpoint that serves it (``inference.router.plan``); None: the route's.
+    ``plan``: the caller's ``router.plan`` for this request (``route_name``, ``client_id`` and
+    ``speculative`` as given here), taken instead of planning again; None: planned here. The
+    plan that served is ``answer.plan`` on the returned instance (None when extractive).
     Returns the stored answer: ``generating`` (follow ``answer_stream_read``), or ``done``
     when extractive. Raises ``AnswerError``, ``CollectionNotFound``, ``RouteNotFound``,
     ``SpeculationUnavailable`` (before any retrieval), ``RouteUnavailable`` or
@@ -138,17 +149,47 @@ def answer_create(
     client_id = (client_id or (str(asker.pk) if asker is not None else ""))[:100]
 
     started = time.perf_counter()
-    answer = Answer.objects.create(workspace=workspace, asker=asker, client_id=client_id, question=question)
+    # Built here, stored once it is planned and prompted (``_answer_store``): one INSERT on
+    # the way to the first token rather than an INSERT and an UPDATE. ``created_at`` is now.
+    answer = Answer(workspace=workspace, asker=asker, client_id=client_id, question=question)
     received = request_received_at()
-    if received is not None:  # from the request's arrival to the row: authentication, parsing, the route
+    if received is not None:  # from the request's arrival to here: authentication, parsing, the route
         answer.timings["request_ms"] = round(max(0.0, answer.created_at.timestamp() - received) * 1000, 2)
-    answer.collections.add(*chosen)  # a new row: add, where set would read the row's links first
     answer.client_key = client_key  # for this call only; the ledger rows record it
+    answer.chosen_collections = chosen  # likewise: linked when the row is stored
     try:
-        return _answer_run(answer, chosen, route_name, top_k, max_tokens, temperature, started, speculative)
+        return _answer_run(answer, chosen, route_name, top_k, max_tokens, temperature, started, speculative, plan)
     except Exception as exc:
-        answer_fail(answer.pk, _reason(exc))
+        _answer_failed(answer, _reason(exc))
         raise
+
+
+def _answer_store(answer: Answer) -> None:
+    """Save the answer; the first time, insert it with its links to the collections asked,
+    in one transaction."""
+    if not answer._state.adding:
+        answer.save()
+        return
+    try:
+        with transaction.atomic():
+            answer.save(force_insert=True)
+            if answer.chosen_collections:
+                answer.collections.add(*answer.chosen_collections)  # a new row: add, where set would read its links
+    except BaseException:
+        answer._state.adding = True  # rolled back: still not stored
+        raise
+
+
+def _answer_failed(answer: Answer, reason: str) -> None:
+    """An answer that could not be started keeps its reason: stored failed, or marked so."""
+    if not answer._state.adding:
+        answer_fail(answer.pk, reason)
+        return
+    answer.status, answer.error, answer.finished_at = Answer.Status.FAILED, reason, timezone.now()
+    try:
+        _answer_store(answer)
+    except Exception:  # the database is what failed: the caller's error says why
+        logger.warning("answer %s could not be stored failed (%s)", answer.pk, reason, exc_info=True)
 
 
 def _scoring(collection: Collection | None) -> dict:
@@ -169,33 +210,41 @@ def _reason(exc: Exception) -> str:
     return f"the answer could not be started: {type(exc).__name__}: {exc}"
 
 
-def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature, started, speculative) -> Answer:
+def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature, started, speculative, plan) -> Answer:
     why_extractive = None
-    try:
-        plan = router.plan(
-            route_name=route_name, client_id=answer.client_id, request_id=str(answer.id), speculative=speculative
-        )
-    except PoolWarming:
-        plan, why_extractive = None, "the generation model is still starting"
-    except NoRouteConfigured:
-        plan, why_extractive = None, "no generation model is configured"
+    if plan is not None:  # made by the caller for this request: the same choice, not planned twice
+        plan = replace(plan, request_id=str(answer.id))
+    else:
+        try:
+            plan = router.plan(
+                route_name=route_name, client_id=answer.client_id, request_id=str(answer.id), speculative=speculative
+            )
+        except PoolWarming:
+            why_extractive = "the generation model is still starting"
+        except NoRouteConfigured:
+            why_extractive = "no generation model is configured"
+    answer.plan = plan  # for this call only: the caller reports what serves it
+    client_key = getattr(answer, "client_key", None)
+    if plan is None and client_key is not None:
+        _admit_extractive(client_key, answer.question)
 
     retrieve_started = time.perf_counter()
-    try:
-        result = chunk_search(
-            query=answer.question,
-            workspace=answer.workspace,
-            # The collections chosen when it was asked (no second query); None: a workspace
-            # without collections (an empty list names none, which is refused).
-            collection_ids=collections or None,
-            mode="hybrid",
-            top_k=top_k,
-            snippets=False,
-            syntax="question",  # a question's quotation marks quote; they do not filter
-        )
-    except SearchError as exc:
-        raise AnswerError("collections", str(exc)) from None
-    sources = prompting.sources_from_hits(result.hits)
+    if collections:
+        try:
+            result = chunk_search(
+                query=answer.question,
+                workspace=answer.workspace,
+                collection_ids=collections,  # chosen when it was asked: no second query
+                mode="hybrid",
+                top_k=top_k,
+                snippets=False,
+                syntax="question",  # a question's quotation marks quote; they do not filter
+            )
+        except SearchError as exc:
+            raise AnswerError("collections", str(exc)) from None
+        sources = prompting.sources_from_hits(result.hits)
+    else:
+        sources = []  # a workspace without collections: nothing to retrieve, no statement sent
     answer.timings["retrieve_ms"] = _ms_since(retrieve_started)
 
     first = collections[0] if collections else None
@@ -227,7 +276,6 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     answer.route, answer.release, answer.arm = plan.route, plan.release, plan.arm
     answer.mode, answer.status = Answer.Mode.GENERATED, Answer.Status.GENERATING
     answer.stats = {"context": prompt.context_record(), **{k: v for k, v in answer.stats.items() if k == "relevance"}}
-    client_key = getattr(answer, "client_key", None)
     common = {
         "temperature": temperature,
         "workspace_id": answer.workspace_id,
@@ -237,7 +285,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     if prompt.strategy == "single":
         [request] = prompt.requests
         answer.timings["submit_ms"] = _ms_since(started)
-        answer.save()
+        _answer_store(answer)
         _submit_admitted(client_key, plan, request, outcome_to=_to_answer(answer.id), **common)
         return answer
 
@@ -254,7 +302,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         "provider_id": plan.provider.id,  # the endpoint the options chose: the reduce goes there too
         "maps": maps,
     }
-    answer.save()
+    _answer_store(answer)
     # Long work shows progress: the answer's own stream says how far the map requests are.
     StreamWriter(str(answer.id)).write("progress", stage="map", done=0, total=len(maps))
     for index, (request, entry) in enumerate(zip(prompt.requests, maps, strict=True)):
@@ -266,6 +314,20 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
             **common,
         )
     return answer
+
+
+def _admit_extractive(client_key: ClientKey, question: str) -> None:
+    """An answer no model generates has no generation to admit: it is admitted here against
+    the key's limits (it counts against its requests per minute like any other), and
+    released at once, since it costs nothing."""
+    admission = limits.admission_reserve(
+        client_key,
+        model=DEFAULT_EMBEDDER,
+        local=True,
+        prompt_tokens=prompting.RemoteEstimate.text(question),
+        max_tokens=0,
+    )
+    limits.admission_release(admission)
 
 
 def _submit_admitted(client_key, plan: router.Plan, request, **submit) -> None:
@@ -330,7 +392,7 @@ def _answer_extractive(answer: Answer, sources, collection: Collection | None, s
         "relevance": extractive.relevance,
     }
     answer.finished_at = timezone.now()
-    answer.save()
+    _answer_store(answer)
     metrics.answer_checked(answer.mode, answer.grounded, answer.abstained)
     _stream_stored(answer)
     return answer
@@ -356,7 +418,7 @@ def _answer_abstained(answer: Answer, sources, closest: list[dict], started: flo
         "closest": closest,
     }
     answer.finished_at = timezone.now()
-    answer.save()
+    _answer_store(answer)
     metrics.answer_checked(answer.mode, answer.grounded, answer.abstained)
     _stream_stored(answer)
     return answer

@@ -13,6 +13,7 @@ from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 from django.db.models import F, Func, Q
+from django.utils import timezone
 from pgvector.django import SparseVectorField, VectorField
 
 # BM25 term weights live in a sparse vector whose indices are hashed lexemes (see the
@@ -262,10 +263,11 @@ class Answer(models.Model):
     # markers removed, sentences re-attributed, citations added (search/verification.py).
     verification = models.JSONField(default=dict, blank=True)
     stats = models.JSONField(default=dict, blank=True)
-    # request_ms (the request's arrival to this row, when a web request started it), then from
-    # the row: retrieve_ms, prompt_ms, submit_ms, queue_ms, ttft_ms, total_ms.
+    # request_ms (the request's arrival to created_at, when a web request asked), then from
+    # created_at: retrieve_ms, prompt_ms, submit_ms, queue_ms, ttft_ms, total_ms.
     timings = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # When it was asked: set as the instance is built (answer_create stores it later, once).
+    created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -12,10 +12,9 @@ OpenAI answers it (an operator who wants SDK code's ``gpt-4o-mini`` served names
 Without a default route the answer is extractive and the response's ``model`` says
 ``extractive``.
 
-Limits: a generation is admitted against the key's limits by ``answer_create`` itself. An
-extractive answer has no generation to admit, so it is admitted here (its requests count
-against the key's requests per minute like any other), and released at once: it costs
-nothing.
+Limits: an answer is admitted against the key's limits by ``answer_create`` itself, an
+extractive one too (it counts against the key's requests per minute, and costs nothing).
+The route is planned once per request (``_planned``), here, and ``answer_create`` takes the plan.
 
 ``ChatCompletion`` turns the events of the answer's stream (``completion_events``, over
 ``search.answers.answer_stream_aread``) into a ``chat.completion`` or its chunks.
@@ -34,11 +33,10 @@ from billing.models import ClientKey
 from frontdoors.openai_api import speculative
 from frontdoors.openai_api.errors import from_domain, invalid, model_not_found
 from inference import router
-from inference.errors import NoRouteConfigured, RouteNotFound
+from inference.errors import NoRouteConfigured, PoolWarming, RouteNotFound, SpeculationUnavailable
 from inference.models import Route
 from ragsite.errors import DomainError
 from search import answers, prompting
-from search.embedders import DEFAULT_EMBEDDER
 from search.models import Answer
 
 EXTRACTIVE_MODEL = "extractive"
@@ -187,17 +185,28 @@ def chat_models() -> list[tuple[str, Route | None]]:
     return models
 
 
-def route_name_for(model: str) -> str | None:
-    """The route a chat request's ``model`` names (None: the default one, or an extractive
-    answer without one); ``OpenAIError`` 404 ``model_not_found`` for a model nothing serves. A
-    disabled route's name passes, and ``router.route_resolve`` refuses it with its reason."""
-    if model == EXTRACTIVE_MODEL:
-        return None
+def _planned(model: str, client_id: str, speculative_options: dict | None) -> tuple[str | None, router.Plan | None]:
+    """The route a chat request's ``model`` names (None: the default one) and its plan, made
+    once for the request (``answer_create`` takes it); ``OpenAIError`` 404 ``model_not_found``
+    for a model nothing serves. A route's name, the default route's model id and
+    ``extractive`` (the default route, else an extractive answer) are served. The plan is
+    None where ``answer_create`` must plan again to tell why: no route or a warming pool
+    (extractive), a disabled route or speculation no endpoint serves (the answer fails with
+    the reason)."""
+    route_name = None if model == EXTRACTIVE_MODEL else model
+    try:
+        return route_name, router.plan(route_name=route_name, client_id=client_id, speculative=speculative_options)
+    except (NoRouteConfigured, PoolWarming, SpeculationUnavailable):
+        return route_name, None
+    except RouteNotFound as exc:
+        if route_name is None:
+            raise from_domain(exc) from None
+    # Not an enabled route's name (the rare path: these queries are not on the usual one).
     if Route.objects.filter(name=model).exists():
-        return model
+        return route_name, None  # disabled: answer_create refuses it with its reason
     served = chat_models()
     if any(name == model for name, _ in served):  # the default route's model id
-        return None
+        return _planned(EXTRACTIVE_MODEL, client_id, speculative_options)
     raise model_not_found(model, [name for name, _ in served])
 
 
@@ -207,26 +216,9 @@ _PARAMS = {"question": "messages", "collections": None}
 
 def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
     """Start the answer (synchronous: the database and the router); ``OpenAIError`` when it is refused."""
-    route_name = route_name_for(chat.model)
-    try:
-        route = router.route_resolve(route_name)
-    except NoRouteConfigured:
-        route = None
-    except RouteNotFound as exc:
-        raise from_domain(exc) from None
-    if route is not None and route.provider.warming_since is not None:
-        route = None  # its pool is starting: the answer is extractive (answer_create), admitted as such
     options = speculative.wanted(chat.speculative)
-    admission = None
+    route_name, plan = _planned(chat.model, str(key.pk), options)
     try:
-        if route is None:  # extractive: no generation admits it, so it is admitted here
-            admission = limits.admission_reserve(
-                key,
-                model=DEFAULT_EMBEDDER,
-                local=True,
-                prompt_tokens=prompting.RemoteEstimate.text(chat.question),
-                max_tokens=0,
-            )
         answer = answers.answer_create(
             workspace=key.workspace,
             question=chat.question,
@@ -236,6 +228,7 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
             max_tokens=chat.max_tokens,
             temperature=chat.temperature,
             speculative=options,
+            plan=plan,
         )
     except answers.AnswerError as exc:
         param = _PARAMS.get(exc.field, exc.field)
@@ -245,10 +238,9 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
     # A route, speculation the canary's endpoints cannot serve, no usable key, a key's limits.
     except DomainError as exc:
         raise from_domain(exc) from None
-    finally:
-        if admission is not None:
-            limits.admission_release(admission)
-    model = route.name if answer.mode == Answer.Mode.GENERATED and route is not None else EXTRACTIVE_MODEL
+    served = answer.plan
+    generated = answer.mode == Answer.Mode.GENERATED and served is not None
+    model = served.requested_route.name if generated else EXTRACTIVE_MODEL
     return Started(answer=answer, model=model, created=int(answer.created_at.timestamp()))
 
 

@@ -29,7 +29,7 @@ BENCHMARKS = {
         ["direct_kept_p50_ms", "routed_p50_ms", "routing_cost_p50_ms", "routing_cost_p99_ms"],
     ),
     "gateway_overhead": (
-        ["--requests", "4", "--warmup", "2"],
+        "--requests 4 --warmup 2 --levels 1,3 --level-seconds 1 --token-delay-ms 10".split(),
         [
             "direct_ttft_p50_ms",
             "gateway_ttft_p50_ms",
@@ -38,6 +38,8 @@ BENCHMARKS = {
             "direct_total_p50_ms",
             "gateway_total_p50_ms",
             "breakdown_p50_ms",
+            "levels",
+            "ledger",
         ],
     ),
     "load": (

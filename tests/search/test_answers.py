@@ -209,6 +209,67 @@ def test_a_question_that_cannot_fit_the_window_fails_naming_the_question(corpus,
     assert Answer.objects.get().status == Answer.Status.FAILED
 
 
+def test_an_answer_is_written_once_with_its_collections_before_its_generation_is_sent(
+    corpus, upstream_server, monkeypatch
+):
+    """One INSERT of the answer and one of its links, in one transaction, and no UPDATE of it
+    before the message goes: a row and then its update were two commits (two WAL flushes) on
+    the way to the first token."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    workspace, collection = corpus
+    remote_provider(upstream_server)
+    submitted = []
+    monkeypatch.setattr(answers.router, "submit", lambda plan, **fields: submitted.append(fields))
+
+    with CaptureQueriesContext(connection) as queries:
+        answer = answer_create(workspace=workspace, question="How does lift change?")
+
+    writes = [
+        " ".join(q["sql"].split()[:3])
+        for q in queries.captured_queries
+        if (q["sql"] or "").startswith(("INSERT", "UPDATE", "DELETE")) and '"search_answer' in q["sql"]
+    ]
+    assert writes == ['INSERT INTO "search_answer"', 'INSERT INTO "search_answer_collections"']
+    assert len(submitted) == 1
+    stored = Answer.objects.get(pk=answer.pk)
+    assert (stored.status, list(stored.collections.all())) == (Answer.Status.GENERATING, [collection])
+    assert stored.created_at == answer.created_at  # when it was asked, not when it was written
+
+
+def test_a_workspace_without_collections_sends_no_retrieval_statement(db, upstream_server, monkeypatch):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    workspace = workspace_create(name="Empty", slug="empty")
+    route, _ = remote_provider(upstream_server)
+    Route.objects.filter(pk=route.pk).update(abstains=False)
+    monkeypatch.setattr(answers.router, "submit", lambda plan, **fields: None)
+
+    with CaptureQueriesContext(connection) as queries:
+        answer = answer_create(workspace=workspace, question="How does lift change?")
+
+    assert [q["sql"] for q in queries.captured_queries if "search_chunk" in (q["sql"] or "")] == []
+    assert (answer.status, answer.sources, answer.timings["retrieve_ms"] >= 0) == (Answer.Status.GENERATING, [], True)
+
+
+def test_a_keys_extractive_answers_count_against_its_requests_per_minute(corpus):
+    """No route: the answer is extractive, admitted against the key's limits like a
+    generation (and free); the second in a minute of a key allowing one is refused, stored
+    failed with the reason."""
+    workspace, _ = corpus
+    key, _ = client_keys.client_key_create(workspace, "one-a-minute", scopes=["generate"], requests_per_minute=1)
+    first = answer_create(workspace=workspace, question="How does lift change?", client_key=key)
+    assert (first.mode, first.status) == (Answer.Mode.EXTRACTIVE, Answer.Status.DONE)
+    with pytest.raises(limits.LimitExceeded) as caught:
+        answer_create(workspace=workspace, question="How does lift change?", client_key=key)
+    assert caught.value.code == "rate_limited"
+    refused = Answer.objects.exclude(pk=first.pk).get()
+    assert (refused.status, refused.error) == (Answer.Status.FAILED, str(caught.value))
+    assert limits.budget_state(key).reserved_usd == 0
+
+
 def test_the_outcome_consumer_runs_on_the_default_queue_and_ingestion_stays_on_ingest():
     from billing import ledger
     from ragsite.celery import app

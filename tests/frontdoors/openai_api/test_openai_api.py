@@ -290,6 +290,38 @@ def test_a_generation_streams_with_usage_and_speculative_options_choose_and_neve
 
 
 @pytest.mark.slow
+def test_a_chat_completion_plans_its_route_once_and_the_answer_takes_the_plan(workspace, upstream_server, monkeypatch):
+    """The door plans (the route, its arm, the endpoint for the speculative options) and
+    ``answer_create`` takes that plan: a request whose route this process has resolved reads
+    the routing version once, and nothing else of routing, before its message goes."""
+    from frontdoors.openai_api import chat as chat_api
+    from inference import router
+
+    remote_route(upstream_server)
+    key = client_keys.client_key_authenticate(key_for(workspace, "generate"), scope="generate")
+    request = chat_api.request_parse({"model": "default", "messages": QUESTION, "stream": True})
+    submitted = []
+    monkeypatch.setattr(router, "submit", lambda plan, **fields: submitted.append(plan))
+    chat_api.answer_start(key, request)  # resolves the route for this process
+
+    reads = []
+    fetch_one = router.fetch_one
+    monkeypatch.setattr(router, "fetch_one", lambda sql, params: reads.append(sql) or fetch_one(sql, params))
+    started = chat_api.answer_start(key, request)
+
+    assert reads == ["SELECT (SELECT version FROM inference_routingversion WHERE id = 1)"]
+    asked = Answer.objects.order_by("created_at")
+    assert [plan.request_id for plan in submitted] == [str(answer.pk) for answer in asked]
+    assert (started.model, started.answer.status, started.answer.route.name) == ("default", "generating", "default")
+    # The default route's model id names the default route too (not the usual path: the
+    # lookup of a route by that name comes first, then the default's plan).
+    reads.clear()
+    by_model_id = chat_api.request_parse({"model": "stand-in-7b", "messages": QUESTION})
+    assert chat_api.answer_start(key, by_model_id).model == "default"
+    assert len(reads) == 2 and "inference_canaryrelease" in reads[0] and "routingversion" in reads[1]
+    assert len(submitted) == 3
+
+
 def test_a_gpu_pool_reports_its_engines_figures_and_options_choose_between_pools(
     site, workspace, start_worker, ngram_pool, tmp_path
 ):

@@ -1,15 +1,15 @@
-"""Model instances from hand-written SQL, for the statements every routed request runs.
+"""Model instances from hand-written SQL, for the statements every request of the APIs runs.
 
 On that path, compiling an ORM query costs several times its round trip to PostgreSQL
 (measured in ``benchmarks/worker_routing_cost.py``), and one statement can do the work of
-several ORM calls (a route with its provider, its live canary release and a key). ``Rows``
-lists the columns of several models for a SELECT and turns a result row back into
-instances the way the ORM does (``Model.from_db`` and each field's ``from_db_value``).
+several ORM calls (a route with its provider, its live canary release and a key; a client
+key with its workspace). ``Rows`` lists the columns of several models for a SELECT and
+turns a result row back into instances the way the ORM does (``Model.from_db`` and each
+field's ``from_db_value``). Used by the routing statements (``inference.router``,
+``inference.keypool``) and the client key's check (``billing.client_keys``).
 """
 
 from __future__ import annotations
-
-import functools
 
 import django
 from django.conf import settings
@@ -17,15 +17,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.db.backends.postgresql.base import DatabaseWrapper, ServerBindingCursor
 
-from inference.models import Provider, Route
-
 # ``cursor()`` wraps a server-binding cursor with Django's private ``_prepare_cursor``, as Django's
 # own ``cursor()`` does, to keep its error wrapping and query logging: the one private API this
 # module relies on, checked on the Django it was verified with (requirements.txt pins it).
 _DJANGO_VERIFIED = (5, 2)
 if django.VERSION[:2] != _DJANGO_VERIFIED or not hasattr(DatabaseWrapper, "_prepare_cursor"):
     raise ImproperlyConfigured(
-        f"inference/rows.py uses Django's private DatabaseWrapper._prepare_cursor, verified on Django "
+        f"ragsite/rows.py uses Django's private DatabaseWrapper._prepare_cursor, verified on Django "
         f"{'.'.join(map(str, _DJANGO_VERIFIED))}; this is {django.get_version()}: check it and update _DJANGO_VERIFIED"
     )
 
@@ -80,9 +78,3 @@ def fetch_one(sql: str, params):
     with cursor() as cursor_:
         cursor_.execute(sql, params)
         return cursor_.fetchone()
-
-
-@functools.cache
-def route_rows() -> Rows:
-    """A route and its provider, aliased ``r`` and ``p``: what every routed request reads first."""
-    return Rows((Route, "r"), (Provider, "p"))
