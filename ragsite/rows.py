@@ -6,7 +6,8 @@ several ORM calls (a route with its provider, its live canary release and a key;
 key with its workspace). ``Rows`` lists the columns of several models for a SELECT and
 turns a result row back into instances the way the ORM does (``Model.from_db`` and each
 field's ``from_db_value``). Used by the routing statements (``inference.router``,
-``inference.keypool``) and the client key's check (``billing.client_keys``).
+``inference.keypool``), the client key's check (``billing.client_keys``) and the
+collections of a workspace an answer searches (``search.scoping``).
 """
 
 from __future__ import annotations
@@ -78,3 +79,9 @@ def fetch_one(sql: str, params):
     with cursor() as cursor_:
         cursor_.execute(sql, params)
         return cursor_.fetchone()
+
+
+def fetch_all(sql: str, params) -> list:
+    with cursor() as cursor_:
+        cursor_.execute(sql, params)
+        return cursor_.fetchall()

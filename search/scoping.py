@@ -11,11 +11,13 @@ nobody does, so that a refusal tells no tenant what another one holds.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from django.db.models import Model, QuerySet
 
 from ragsite.errors import DomainError
+from ragsite.rows import Rows, fetch_all
 from search.models import Collection, Workspace
 
 
@@ -54,6 +56,8 @@ def collections_chosen(
     loaded (an answer's, chosen when it was asked) are taken as they are, without a query.
     Raises ``CollectionNotFound`` on ``field`` for an id that is not an integer, for an empty
     list, and for ids the workspace does not have, naming them."""
+    if collection_ids is None and workspace is not None:
+        return _workspace_collections(workspace)
     collections = Collection.objects.all() if workspace is None else in_workspaces(Collection, workspace)
     if collection_ids is None:
         return list(collections.order_by("pk"))
@@ -79,3 +83,23 @@ def collections_chosen(
         where = "" if workspace is None else " in this workspace"
         raise CollectionNotFound(f"No collection {', '.join(map(str, missing))}{where}.", field=field)
     return found
+
+
+@functools.cache
+def _workspace_collections_statement() -> tuple[Rows, str]:
+    rows = Rows((Collection, "c"))
+    where = f"c.{Collection._meta.get_field(Collection.workspace_path).column} = %s"
+    return rows, f"SELECT {rows.columns} FROM {Collection._meta.db_table} c WHERE {where} ORDER BY c.id"  # noqa: S608
+
+
+def _workspace_collections(workspace: Workspace) -> list[Collection]:
+    """Every collection of the workspace, in id order: ``in_workspaces`` as one prepared
+    statement (``ragsite.rows``), since every answer and search over a whole workspace asks
+    it first (the ORM's compilation cost more than the round trip)."""
+    rows, sql = _workspace_collections_statement()
+    collections = []
+    for row in fetch_all(sql, [workspace.pk]):
+        [collection] = rows.instances(row)
+        collection.workspace = workspace
+        collections.append(collection)
+    return collections
