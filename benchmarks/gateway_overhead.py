@@ -64,7 +64,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -92,7 +94,9 @@ def main() -> None:
     )
     parser.add_argument("--level-seconds", type=float, default=15.0, help="How long each side of a level runs.")
     parser.add_argument("--token-delay-ms", type=int, default=100, help="The paced stand-in's wait before each token.")
-    parser.add_argument("--keep", action="store_true", help=f"Keep the {DATABASE} database afterwards.")
+    parser.add_argument(
+        "--keep", action="store_true", help=f"Keep the {DATABASE} database and the processes' logs afterwards."
+    )
     args = parser.parse_args()
     try:
         args.levels = [int(level) for level in args.levels.split(",") if level.strip()]
@@ -108,10 +112,22 @@ def main() -> None:
     with (
         own_databases(DATABASE, REDIS_DB, keep=args.keep),
         serving() as upstream,
-        tempfile.TemporaryDirectory(prefix="bench-gateway-") as folder,
+        _logs_folder(keep=args.keep) as folder,
     ):
         result = run(args, upstream, Path(folder))
     report("gateway_overhead", result)
+
+
+@contextlib.contextmanager
+def _logs_folder(*, keep: bool):
+    """The processes' logs: a temporary folder, kept (and named) with ``--keep``."""
+    if keep:
+        folder = tempfile.mkdtemp(prefix="bench-gateway-")
+        print(f"the processes' logs: {folder}", file=sys.stderr)
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as folder:
+        yield folder
 
 
 def _upstream_route(name: str, upstream: str, *, default: bool):
@@ -277,6 +293,12 @@ def _level(args, reply: str, concurrency: int, sides: dict, processes) -> dict:
         if name == "gateway":
             result["cpu_cores"] = cores
             result["gateway_streams"] = sum(1 for outcome in outcomes if outcome[2])
+            if errors:  # what the web process logged about them, for whoever reads the run
+                web = next(process for process in processes if process.name == "web")
+                print(
+                    f"level {concurrency}: {len(errors)} gateway errors; the web log ends:\n{web.log_tail()}",
+                    file=sys.stderr,
+                )
     direct, gateway = result["direct"], result["gateway"]
     for q in (50, 99):
         d, g = direct[f"ttft_p{q}_ms"], gateway[f"ttft_p{q}_ms"]

@@ -20,8 +20,11 @@ Not counted (always served):
   but no thread (async views awaiting Redis), and refusing them would cut readers off
   answers already being paid for.
 
-A streamed chat completion is counted until its response starts (the answer is created
-then); the stream that follows is not. The body is in Django's shape for the API: the
+A chat completion is counted while it holds a thread: once its answer is started, the view
+gives back its database connection (``connection_give_back``, in that thread) and its slot
+(``slot_release``), and waits for the first token and streams holding neither (an async
+view awaiting Redis). A model's first token can take seconds: counted until then, a few
+dozen streams held open would refuse every new request. The body is in Django's shape for the API: the
 OpenAI-compatible paths (``/v1/``) get OpenAI's error shape with ``retry-after-ms`` too, the
 others ``{"error": {"code": "overloaded", "message"}}``.
 
@@ -49,6 +52,39 @@ EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 STREAMING_READS = re.compile(r"^/(?:api/v1/answers/[0-9a-fA-F-]+/stream|answers/[0-9a-fA-F-]+/events/)$")
 # At most one warning per this many seconds while requests are being refused.
 WARN_EVERY_S = 10.0
+
+
+class _Slot:
+    """A request's place in the count, given back once."""
+
+    def __init__(self, leave):
+        self._leave = leave
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._leave()
+
+
+def slot_release(request) -> None:
+    """The request holds no thread from here on (an async view awaiting Redis): it stops
+    counting against ``WEB_MAX_IN_FLIGHT``. Safe to call twice, or without the middleware."""
+    slot = getattr(request, "in_flight_slot", None)
+    if slot is not None:
+        slot.release()
+
+
+def connection_give_back() -> None:
+    """Return this thread's pooled database connection to the pool now rather than when the
+    response ends (Django's ``request_finished``): a request that goes on streaming for
+    seconds would hold it, and a few dozen streams would empty the pool. Nothing outside a
+    pool (its persistent connection is this thread's to keep) or inside a transaction (a
+    test's) is touched; the next query of the thread takes a connection again."""
+    from django.db import connection
+
+    if connection.connection is not None and connection.pool is not None and not connection.in_atomic_block:
+        connection.close()
 
 
 class InFlightLimitMiddleware:
@@ -88,6 +124,11 @@ class InFlightLimitMiddleware:
         with self.lock:
             self.in_flight -= 1
 
+    def _slot(self, request) -> _Slot:
+        slot = _Slot(self._leave)
+        request.in_flight_slot = slot
+        return slot
+
     def __call__(self, request):
         if self.is_async:
             return self.__acall__(request)
@@ -95,20 +136,22 @@ class InFlightLimitMiddleware:
             return self.get_response(request)
         if not self._enter():
             return self.refusal(request)
+        slot = self._slot(request)
         try:
             return self.get_response(request)
         finally:
-            self._leave()
+            slot.release()
 
     async def __acall__(self, request):
         if self.exempt(request):
             return await self.get_response(request)
         if not self._enter():
             return self.refusal(request)
+        slot = self._slot(request)
         try:
             return await self.get_response(request)
         finally:
-            self._leave()
+            slot.release()
 
     def refusal(self, request) -> JsonResponse:
         message = f"the server is at capacity ({self.limit} requests in progress); try again in {self.retry_after_s} s"

@@ -564,10 +564,15 @@ def serving() -> Iterator[str]:
         process.wait(timeout=10)
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # socketserver's listen backlog is 5: a burst of new connections (a hundred clients of
+    # the gateway benchmark starting at once) had SYNs dropped and retried a second later.
+    request_queue_size = 1024
+
+
 def main() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
-    server.daemon_threads = True
-    server.serve_forever()
+    _Server(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from frontdoors.openai_api import chat as chat_api
 from frontdoors.openai_api import embeddings as embeddings_api
 from frontdoors.openai_api.errors import OpenAIError, from_domain, from_generation, invalid, model_not_found
 from ragsite.outages import RETRY_AFTER_S, log_outage, outage_message, outage_of
+from ragsite.overload import connection_give_back, slot_release
 from search.embedders import DEFAULT_EMBEDDER
 from search.models import Collection
 from search.scoping import in_workspaces
@@ -128,6 +129,7 @@ async def model_retrieve(request, model_id: str):
 @api_view("POST")
 async def chat_completions(request):
     chat, started = await sync_to_async(_chat_start)(request)
+    slot_release(request)  # what follows waits on Redis: no thread, no database connection
     completion = chat_api.ChatCompletion(started)
     events = chat_api.completion_events(started)
     if not chat.stream:
@@ -159,9 +161,12 @@ def _chat_start(request) -> tuple[chat_api.ChatRequest, chat_api.Started]:
     """Authentication, the request, the answer's start: one trip to the thread that runs
     the synchronous database work (a trip for the key and another for the answer were both
     on every completion's time to first token). A bad key is refused before a bad body."""
-    key = _authenticate_sync(request, ClientKey.Scope.GENERATE)
-    chat = chat_api.request_parse(_body(request))
-    return chat, chat_api.answer_start(key, chat)
+    try:
+        key = _authenticate_sync(request, ClientKey.Scope.GENERATE)
+        chat = chat_api.request_parse(_body(request))
+        return chat, chat_api.answer_start(key, chat)
+    finally:
+        connection_give_back()  # the stream that follows holds none (ragsite.overload)
 
 
 def _with_request_id(response, started: chat_api.Started):

@@ -180,3 +180,49 @@ def test_the_in_flight_limit_answers_503_at_once_while_health_and_streams_are_se
             assert [(status, body["status"]) for status, _, body in held] == [(200, "done"), (200, "done")]
             status, _, body = call("POST", f"{base_url}/api/v1/search", token, {"query": "charging"})
             assert (status, body["results"]) == (200, [])
+
+
+def test_chat_completion_streams_held_open_count_neither_against_the_limit_nor_the_database_pool(
+    site, start_web, start_worker, upstream_server
+):
+    """A chat completion counts (and holds a pooled connection) while its view's thread runs:
+    waiting for the first token and streaming take neither. Six streams whose first token
+    takes 3 s, against a web process allowing three requests in flight with two pooled
+    connections: all six are served, and (nearly) all six wait for their first token at the
+    same time (the stand-in's log says when each ran). Counted until their first token, or
+    holding their connections, at most three (two) would."""
+    import openai
+
+    from tests.upstream_server import upstream_log, upstream_script
+
+    provider = Provider.objects.create(
+        name="paced", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url=upstream_server, model="stand-in-7b",
+        context_window=4096, first_token_timeout_s=20, total_timeout_s=60,
+    )  # fmt: skip
+    secret = f"sk-paced-{uuid.uuid4().hex}"
+    upstream_key = UpstreamKey(provider=provider, label="paced")
+    upstream_key.set_secret(secret)
+    upstream_key.save()
+    Route.objects.create(name="paced", provider=provider, max_tokens=32, abstains=False)
+    upstream_script(upstream_server, secret, [{"first_byte_delay_ms": 3000, "repeat": True}])
+    env = {"WEB_MAX_IN_FLIGHT": "3", "WEB_OVERLOAD_RETRY_AFTER_S": "1", "DATABASE_POOL_MAX_SIZE": "2"}
+    reply = "one two three four"
+
+    with start_web(env=env) as base_url, start_worker([QUEUE, "default"], pool="threads", concurrency=8):
+        # The SDK's retries honour Retry-After: a request arriving while three others are being
+        # started is told to come back in a second, as under any load.
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key=site, max_retries=5, timeout=60)
+
+        def stream(number: int) -> str:
+            messages = [{"role": "user", "content": f"Stream {number}.\nREPLY: {reply}"}]
+            chunks = client.chat.completions.create(model="paced", messages=messages, stream=True)
+            return "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+
+        with ThreadPoolExecutor(6) as pool:
+            texts = list(pool.map(stream, range(6)))
+
+    assert texts == [reply] * 6
+    served = [(entry["time"], entry["finished"]) for entry in upstream_log(upstream_server, secret)]
+    assert len(served) == 6
+    most_at_once = max(sum(1 for start, end in served if start <= moment < end) for moment, _ in served)
+    assert most_at_once >= 5, served
