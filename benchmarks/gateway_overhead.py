@@ -45,11 +45,13 @@ in this process), each sending one streamed request after another for ``--level-
 first all direct, then all through the gateway, on a second route whose upstream key makes the
 stand-in pace its stream (``--token-delay-ms`` before each token, as a model decodes: a
 16-token answer takes 1.6 s at 100 ms), so that ``N`` is the number of streams held open at
-once. Per side: ``ttft_p50_ms``/``ttft_p99_ms``, ``ok_rps`` (streams completed per second),
-``errors``; per level ``overhead_ttft_p50_ms``/``overhead_ttft_p99_ms`` (gateway's
-percentile minus direct's) and ``cpu_cores`` during the gateway side: the cores each part
-of the system used (``psutil``: user and system time over the window), which says where the
-web tier or a worker tops out.
+once; they join over the first second, and one told to come back (429/503 with
+``Retry-After``) waits that long, as the SDKs do. Per side: ``ttft_p50_ms``/``ttft_p99_ms`` of
+the streams served, ``ok_rps`` (streams completed per second), ``shed`` (refusals with
+``Retry-After``: the service protecting itself), ``errors`` (anything else); per level
+``overhead_ttft_p50_ms``/``overhead_ttft_p99_ms`` (gateway's percentile minus direct's) and
+``cpu_cores`` during the gateway side: the cores each part of the system used (``psutil``:
+user and system time over the window), which says where the web tier or a worker tops out.
 
 The ledger (``ledger``): after the runs, every gateway answer is waited for until stored;
 exactly one generation ledger row per gateway request that streamed (counted, by request id),
@@ -282,11 +284,12 @@ def _level(args, reply: str, concurrency: int, sides: dict, processes) -> dict:
         outcomes, elapsed = asyncio.run(_hold(base_url, api_key, model, reply, concurrency, args.level_seconds))
         cores = meter.cores()
         ttfts = [outcome[0] for outcome in outcomes if outcome[0] is not None]
-        errors = [outcome[1] for outcome in outcomes if outcome[0] is None]
+        errors = [outcome[1] for outcome in outcomes if outcome[0] is None and outcome[1] != "shed"]
         result[name] = {
             "ttft_p50_ms": _p(ttfts, 50),
             "ttft_p99_ms": _p(ttfts, 99),
             "ok_rps": round(len(ttfts) / elapsed, 2),
+            "shed": sum(1 for outcome in outcomes if outcome[1] == "shed"),
             "errors": len(errors),
             **({"error_kinds": sorted(set(errors))} if errors else {}),
         }
@@ -308,7 +311,10 @@ def _level(args, reply: str, concurrency: int, sides: dict, processes) -> dict:
 
 async def _hold(base_url: str, api_key: str, model: str, reply: str, concurrency: int, seconds: float):
     """Outcomes ``(ttft_ms or None, error kind, whether the gateway streamed)`` of every request
-    started within ``seconds``, and the seconds until the last one ended."""
+    started within ``seconds``, and the seconds until the last one ended. The clients join
+    over the first second (a hundred requests in the same millisecond is no one's traffic);
+    one told to come back (429/503 with ``Retry-After``) waits that long, as the SDKs do, and
+    the refusal is counted as ``shed``."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=REQUEST_TIMEOUT_S)
@@ -317,6 +323,7 @@ async def _hold(base_url: str, api_key: str, model: str, reply: str, concurrency
     deadline = started + seconds
 
     async def user(number: int) -> None:
+        await asyncio.sleep(number / concurrency)
         sent = 0
         while time.perf_counter() < deadline:
             sent += 1
@@ -332,6 +339,14 @@ async def _hold(base_url: str, api_key: str, model: str, reply: str, concurrency
                     if content:
                         first = first if first is not None else time.perf_counter()
                         parts.append(content)
+            except openai.APIStatusError as exc:
+                retry_after = exc.response.headers.get("retry-after")
+                if exc.status_code in (429, 503) and retry_after is not None:
+                    outcomes.append((None, "shed", streamed))
+                    await asyncio.sleep(float(retry_after))
+                else:
+                    outcomes.append((None, f"{type(exc).__name__} {exc.status_code}", streamed))
+                continue
             except openai.APIError as exc:
                 outcomes.append((None, type(exc).__name__, streamed))
                 continue

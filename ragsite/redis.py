@@ -4,6 +4,8 @@
 resets it after a fork). ``redis_probe_client``: short timeouts, for readiness checks that must
 answer quickly when Redis does not. ``redis_async_client``: one per event loop, for the ASGI
 web tier's Server-Sent Events (redis.asyncio pools are bound to the loop that made them).
+Pools open at most ``REDIS_MAX_CONNECTIONS`` each (redis-py's own default, 100, was the
+ceiling of streams one process could hold).
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ def redis_client() -> redis.Redis:
     cost more than the writes."""
     client = _clients.get(settings.REDIS_URL)
     if client is None:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30, socket_connect_timeout=5)
+        client = redis.Redis.from_url(
+            settings.REDIS_URL,
+            socket_timeout=30,
+            socket_connect_timeout=5,
+            max_connections=settings.REDIS_MAX_CONNECTIONS,
+        )
         client = _clients.setdefault(settings.REDIS_URL, client)
     return client
 
@@ -51,6 +58,11 @@ def redis_async_client() -> redis.asyncio.Redis:
     clients = _async_clients.setdefault(loop, {})
     client = clients.get(settings.REDIS_URL)
     if client is None:
-        client = redis.asyncio.Redis.from_url(settings.REDIS_URL, socket_timeout=30, socket_connect_timeout=5)
+        client = redis.asyncio.Redis.from_url(
+            settings.REDIS_URL,
+            socket_timeout=30,
+            socket_connect_timeout=5,
+            max_connections=settings.REDIS_MAX_CONNECTIONS,
+        )
         clients[settings.REDIS_URL] = client
     return client

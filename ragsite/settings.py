@@ -155,6 +155,11 @@ REDIS_URL = env_url("REDIS_URL", ("redis", "rediss", "unix"))
 EMBEDDED_REDIS = REDIS_URL is None
 if EMBEDDED_REDIS:
     REDIS_URL = embedded.redis_url()
+# Connections each process's Redis client may open (ragsite/redis.py). redis-py 8 caps a pool
+# at 100 and raises "Too many connections" beyond: a web process holds one per open answer
+# stream (a blocking XREAD) and a remote worker one per generation it streams, so a hundred
+# streams per process were the ceiling. Redis itself takes 10,000 clients.
+REDIS_MAX_CONNECTIONS = env_int("REDIS_MAX_CONNECTIONS", 2000, minimum=10)
 
 CACHES = {
     "default": {

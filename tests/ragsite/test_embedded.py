@@ -37,6 +37,34 @@ def test_redis_is_a_real_server():
     assert client.xrange(stream, min=first, max=first)[0][0] == first
 
 
+def test_a_process_holds_more_than_a_hundred_redis_connections_at_once():
+    """redis-py 8 caps a pool at 100 connections and raises beyond: a web process holding a
+    hundred answer streams (a blocking read each) would refuse the next one. The clients of
+    ragsite.redis open up to REDIS_MAX_CONNECTIONS, sync and async alike."""
+    import asyncio
+
+    from ragsite.redis import redis_async_client, redis_client
+
+    pool = redis_client().connection_pool
+    held = [pool.get_connection() for _ in range(150)]
+    try:
+        assert pool.max_connections == settings.REDIS_MAX_CONNECTIONS
+        assert {connection.send_command("PING") or connection.read_response() for connection in held} == {b"PONG"}
+    finally:
+        for connection in held:
+            pool.release(connection)
+
+    async def hold_async() -> int:
+        client = redis_async_client()
+        # 150 blocking reads at once, each on its own connection, as 150 open streams are.
+        reads = [client.xread({"test:empty-stream": "$"}, block=300) for _ in range(150)]
+        results = await asyncio.gather(*reads)
+        await client.aclose()
+        return len(results)
+
+    assert asyncio.run(hold_async()) == 150
+
+
 def test_embedded_redis_keeps_data_across_a_restart(tmp_path):
     server = EmbeddedRedis(tmp_path / "redis")
     url = server.ensure_running()
