@@ -67,10 +67,14 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
     writer = StreamWriter(request_id)
     handover = payload.get("handover") or {}
     expected = int(handover.get("events", 0))
-    events, last = writer.history()
     # A message redelivered (after its whole worker vanished: kill -9, a lost host, past the
     # broker's visibility timeout) finds its stream already started. It is never run twice:
     # the stream may hold tokens a reader has shown, and a second answer would be billed twice.
+    # kombu marks every message it restores ``redelivered``; a first delivery (every request
+    # but those) and a handover, whose stream this task continues, are the only others, so
+    # only these two look (a round trip on every request's time to first token otherwise).
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    events, last = writer.history() if redelivered or handover else (0, None)
     if last in TERMINAL:
         return {"skipped": "already finished"}
     if events > expected:  # ``expected``: the events a handover found there, not a restart

@@ -2,8 +2,10 @@
 
 ``generate_routed`` is acknowledged late and not rejected on a lost worker
 (``GENERATION_TASK_OPTIONS``), but the broker still hands a message back once its whole
-worker vanished (past the visibility timeout). The task then looks at the request's stream
-first: an ended stream is left alone (``already finished``); a stream holding events that
+worker vanished (past the visibility timeout), marked ``redelivered`` (kombu marks every
+message it restores; ``redelivered`` here runs the task as such a delivery, and
+tests/reliability/test_faults.py kills a real worker for a real one). The task then looks at
+the request's stream first: an ended stream is left alone (``already finished``); a stream holding events that
 nobody will finish is ended with ``worker_lost`` and one ledger row (``interrupted``); the
 events a hand-over expects (the ``retry`` that sent it to the other queue) are no restart.
 
@@ -43,6 +45,15 @@ from tests.upstream_server import upstream_log
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def redelivered(request_id: str, body: dict) -> dict:
+    """The task run as the broker's restored message runs it: ``delivery_info.redelivered``."""
+    generate_routed.push_request(id=request_id, delivery_info={"redelivered": True})
+    try:
+        return generate_routed.run(request_id, body)
+    finally:
+        generate_routed.pop_request()
+
+
 def closed_device() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -63,7 +74,7 @@ def test_a_finished_request_that_comes_back_is_skipped(upstream_route, upstream_
 
     first = generate_routed.run(request_id, body)
     streamed = events_of(request_id)
-    again = generate_routed.run(request_id, body)
+    again = redelivered(request_id, body)
 
     assert (first["status"], first["text"], first["attempts"]) == ("ok", REPLY, 1)
     assert kinds(streamed)[-1] == "stats" and "".join(deltas(streamed)) == REPLY
@@ -79,7 +90,7 @@ def test_a_stream_a_lost_worker_left_open_is_ended_and_billed_not_restarted(upst
     request_id, body = uuid.uuid4().hex, payload(route)
     StreamWriter(request_id).write("delta", text="Lift")  # what the vanished worker had sent
 
-    result = generate_routed.run(request_id, body)
+    result = redelivered(request_id, body)
     events = events_of(request_id)
 
     assert result == {"error": "interrupted"}
@@ -103,7 +114,7 @@ def test_a_stream_a_lost_worker_left_open_is_ended_and_billed_not_restarted(upst
     )
     assert row.upstream_key_id is None and row.prompt_tokens > 0  # estimated: the upstream had read it
     # Redelivered once more: the stream has ended now.
-    assert generate_routed.run(request_id, body) == {"skipped": "already finished"}
+    assert redelivered(request_id, body) == {"skipped": "already finished"}
     ledger.usage_records_store()
     assert UsageRecord.objects.filter(request_id=request_id).count() == 1
 
@@ -131,7 +142,7 @@ def test_a_handed_over_request_runs_on_past_the_events_it_expects_and_only_once(
     assert (result["status"], result["route"], result["attempts"], result["text"]) == ("ok", fallback.name, 2, REPLY)
     assert kinds(events)[0] == "retry" and kinds(events)[-1] == "stats"
     assert events[0][1]["route"] == fallback.name and events[0][1]["kind"] == "connection"
-    assert generate_routed.run(request_id, body) == {"skipped": "already finished"}
+    assert redelivered(request_id, body) == {"skipped": "already finished"}
     assert len(upstream_log(upstream_server, secret)) == 1
     ledger.usage_records_store()  # the drain the task sent to queue default, run here
     assert UsageRecord.objects.filter(request_id=request_id).count() == 1
