@@ -13,11 +13,13 @@ computes the same expression in SQL when it stores a row (``billing.ledger``);
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
 from billing.models import Price
+from ragsite.rows import Rows, fetch_one
 
 MILLION = Decimal(1_000_000)
 
@@ -28,13 +30,23 @@ class Cost:
     price: Price
 
 
+@functools.cache
+def _price_statement() -> tuple[Rows, str]:
+    rows = Rows((Price, "price"))
+    return rows, (
+        f"SELECT {rows.columns} FROM {Price._meta.db_table} price "  # noqa: S608
+        "WHERE price.effective_from <= %(at)s AND (price.model = %(model)s OR (%(local)s AND price.model = %(pool)s)) "
+        "ORDER BY (price.model = %(model)s) DESC, price.effective_from DESC LIMIT 1"
+    )
+
+
 def price_at(model: str, at: datetime, *, local: bool = False) -> Price | None:
     """The price of ``model`` in force at ``at`` (the local pool's when ``local`` and the
-    model has none)."""
-    price = Price.objects.filter(model=model, effective_from__lte=at).order_by("-effective_from").first()
-    if price is None and local:
-        price = Price.objects.filter(model=Price.LOCAL_POOL, effective_from__lte=at).order_by("-effective_from").first()
-    return price
+    model has none). One prepared statement (``ragsite.rows``): a key with a budget admits
+    every request at its model's price, on the way to its first token."""
+    rows, sql = _price_statement()
+    row = fetch_one(sql, {"at": at, "model": model, "local": local, "pool": Price.LOCAL_POOL})
+    return rows.instances(row)[0] if row is not None else None
 
 
 def cost_of(prompt_tokens: int, completion_tokens: int, price: Price) -> Decimal:

@@ -24,9 +24,11 @@ A chat completion is counted while it holds a thread: once its answer is started
 gives back its database connection (``connection_give_back``, in that thread) and its slot
 (``slot_release``), and waits for the first token and streams holding neither (an async
 view awaiting Redis). A model's first token can take seconds: counted until then, a few
-dozen streams held open would refuse every new request. The body is in Django's shape for the API: the
-OpenAI-compatible paths (``/v1/``) get OpenAI's error shape with ``retry-after-ms`` too, the
-others ``{"error": {"code": "overloaded", "message"}}``.
+dozen streams held open would refuse every new request.
+
+The body is in Django's shape for the API: the OpenAI-compatible paths (``/v1/``) get
+OpenAI's error shape with ``retry-after-ms`` too, the others ``{"error": {"code":
+"overloaded", "message"}}``.
 
 The count is per process (one event loop under ASGI; a lock makes it exact under WSGI's
 threads too). Limit: when a client disconnects, Django cancels the request's task and the
@@ -43,6 +45,7 @@ import time
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import MiddlewareNotUsed
+from django.db import connection
 from django.http import JsonResponse
 
 logger = logging.getLogger(__name__)
@@ -81,8 +84,6 @@ def connection_give_back() -> None:
     seconds would hold it, and a few dozen streams would empty the pool. Nothing outside a
     pool (its persistent connection is this thread's to keep) or inside a transaction (a
     test's) is touched; the next query of the thread takes a connection again."""
-    from django.db import connection
-
     if connection.connection is not None and connection.pool is not None and not connection.in_atomic_block:
         connection.close()
 

@@ -6,8 +6,9 @@ several ORM calls (a route with its provider, its live canary release and a key;
 key with its workspace). ``Rows`` lists the columns of several models for a SELECT and
 turns a result row back into instances the way the ORM does (``Model.from_db`` and each
 field's ``from_db_value``). Used by the routing statements (``inference.router``,
-``inference.keypool``), the client key's check (``billing.client_keys``) and the
-collections of a workspace an answer searches (``search.scoping``).
+``inference.keypool``), the client key's check (``billing.client_keys``), the price a
+budgeted key's request is admitted at (``billing.pricing``) and the collections of a
+workspace an answer searches (``search.scoping``).
 """
 
 from __future__ import annotations

@@ -344,6 +344,28 @@ def test_an_unpriced_model_cannot_be_budgeted(price, make_key):
     assert free.reserved_usd is None
 
 
+def test_the_price_in_force_is_the_models_latest_then_the_pools(db):
+    from billing.pricing import price_at
+
+    def price(model: str, day: int, usd: str) -> Price:
+        return Price.objects.create(
+            model=model,
+            input_usd_per_million=Decimal(usd),
+            output_usd_per_million=Decimal(usd),
+            effective_from=datetime(2025, 6, day, tzinfo=UTC),
+        )
+
+    old, current, _future = price("m-7b", 1, "1"), price("m-7b", 5, "2"), price("m-7b", 20, "3")
+    pool_current = price(Price.LOCAL_POOL, 9, "0.5")  # newer than the model's own: its own still wins
+    assert price_at("m-7b", T0).pk == current.pk
+    assert price_at("m-7b", T0, local=True).pk == current.pk
+    assert price_at("m-7b", datetime(2025, 6, 2, tzinfo=UTC)).pk == old.pk
+    assert price_at("m-7b", datetime(2025, 5, 1, tzinfo=UTC)) is None
+    assert price_at("other", T0) is None
+    assert price_at("other", T0, local=True).pk == pool_current.pk
+    assert price_at("other", T0, local=True).input_usd_per_million == Decimal("0.5")
+
+
 # --------------------------------------------------------------------------- per minute
 
 
