@@ -309,17 +309,20 @@ def test_a_chat_completion_plans_its_route_once_and_the_answer_takes_the_plan(wo
     monkeypatch.setattr(router, "fetch_one", lambda sql, params: reads.append(sql) or fetch_one(sql, params))
     started = chat_api.answer_start(key, request)
 
-    assert reads == ["SELECT (SELECT version FROM inference_routingversion WHERE id = 1)"]
+    reads_of_a_resolved_route = "SELECT (SELECT version FROM inference_routingversion WHERE id = 1)"
+    assert reads == [reads_of_a_resolved_route]
     asked = Answer.objects.order_by("created_at")
     assert [plan.request_id for plan in submitted] == [str(answer.pk) for answer in asked]
     assert (started.model, started.answer.status, started.answer.route.name) == ("default", "generating", "default")
     # The default route's model id names the default route too (not the usual path: the
-    # lookup of a route by that name comes first, then the default's plan).
-    reads.clear()
+    # lookup of a route by that name, which finds none, comes first, then the default's plan,
+    # resolved by the first such request).
     by_model_id = chat_api.request_parse({"model": "stand-in-7b", "messages": QUESTION})
     assert chat_api.answer_start(key, by_model_id).model == "default"
-    assert len(reads) == 2 and "inference_canaryrelease" in reads[0] and "routingversion" in reads[1]
-    assert len(submitted) == 3
+    reads.clear()
+    assert chat_api.answer_start(key, by_model_id).model == "default"
+    assert len(reads) == 2 and "r.name = " in reads[0] and reads[1] == reads_of_a_resolved_route
+    assert len(submitted) == 4
 
 
 def test_a_gpu_pool_reports_its_engines_figures_and_options_choose_between_pools(
