@@ -252,24 +252,12 @@ def _paired(args, reply: str, sides: dict) -> dict:
             raise SystemExit(f"pair {number} streamed different texts: {texts!r} (expected {reply!r})")
 
     direct, gateway = measured["direct"], measured["gateway"]
-    ttft_overhead = [g - d for g, d in zip(gateway["ttft"], direct["ttft"], strict=True)]
-    total_overhead = [g - d for g, d in zip(gateway["total"], direct["total"], strict=True)]
-    figures = {
-        "requests": args.requests,
-        "reply_tokens": args.tokens,
-        "direct_ttft_p50_ms": _p(direct["ttft"], 50),
-        "direct_ttft_p99_ms": _p(direct["ttft"], 99),
-        "gateway_ttft_p50_ms": _p(gateway["ttft"], 50),
-        "gateway_ttft_p99_ms": _p(gateway["ttft"], 99),
-        "overhead_ttft_p50_ms": _p(ttft_overhead, 50),
-        "overhead_ttft_p99_ms": _p(ttft_overhead, 99),
-        "direct_total_p50_ms": _p(direct["total"], 50),
-        "direct_total_p99_ms": _p(direct["total"], 99),
-        "gateway_total_p50_ms": _p(gateway["total"], 50),
-        "gateway_total_p99_ms": _p(gateway["total"], 99),
-        "overhead_total_p50_ms": _p(total_overhead, 50),
-        "overhead_total_p99_ms": _p(total_overhead, 99),
-    }
+    figures = {"requests": args.requests, "reply_tokens": args.tokens}
+    for part in ("ttft", "total"):
+        overhead = [g - d for g, d in zip(gateway[part], direct[part], strict=True)]
+        for side, values in (("direct", direct[part]), ("gateway", gateway[part]), ("overhead", overhead)):
+            for q in (50, 99):
+                figures[f"{side}_{part}_p{q}_ms"] = _p(values, q)
     return {"figures": figures, "gateway_ttfts": gateway["ttft"]}
 
 
@@ -374,7 +362,7 @@ class _CpuMeter:
         }
         self.psutil = psutil
         self.started = time.perf_counter()
-        self.before = self._times()
+        self.before = self._times(self._groups())
 
     def _groups(self) -> dict[str, list]:
         psutil = self.psutil
@@ -396,9 +384,9 @@ class _CpuMeter:
         groups["client"] = [psutil.Process()]
         return groups
 
-    def _times(self) -> dict[int, float]:
+    def _times(self, groups: dict[str, list]) -> dict[int, float]:
         times = {}
-        for members in self._groups().values():
+        for members in groups.values():
             for process in members:
                 try:
                     cpu = process.cpu_times()
@@ -409,10 +397,11 @@ class _CpuMeter:
 
     def cores(self) -> dict[str, float]:
         elapsed = time.perf_counter() - self.started
-        after = self._times()
+        groups = self._groups()
+        after = self._times(groups)
         used = {}
-        for name, members in self._groups().items():
-            seconds = sum(after.get(p.pid, 0.0) - self.before.get(p.pid, 0.0) for p in members if p.pid in after)
+        for name, members in groups.items():
+            seconds = sum(after[p.pid] - self.before.get(p.pid, 0.0) for p in members if p.pid in after)
             used[name] = round(max(0.0, seconds) / elapsed, 2)
         return used
 

@@ -95,3 +95,27 @@ def deltas(events: list[tuple[str, dict]]) -> list[str]:
 
 def kinds(events: list[tuple[str, dict]]) -> list[str]:
     return [kind for kind, _ in events]
+
+
+def queued_request_ids(queue: str = "remote") -> list[str]:
+    """The request ids of the generations waiting on ``queue`` (its Redis lists, oldest first), as
+    a worker would take them: each message's body is ``[args, kwargs, embed]``, args[0] the id."""
+    import base64
+    import json
+
+    from ragsite.celery import queue_lists
+    from ragsite.redis import redis_client
+
+    ids = []
+    for name in queue_lists(queue):
+        for raw in reversed(redis_client().lrange(name, 0, -1)):  # LPUSH: the oldest is last
+            message = json.loads(raw)
+            ids.append(json.loads(base64.b64decode(message["body"]))[0][0])
+    return ids
+
+
+def queue_purge(queue: str = "remote") -> None:
+    from ragsite.celery import queue_lists
+    from ragsite.redis import redis_client
+
+    redis_client().delete(*queue_lists(queue))

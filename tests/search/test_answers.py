@@ -209,22 +209,24 @@ def test_a_question_that_cannot_fit_the_window_fails_naming_the_question(corpus,
     assert Answer.objects.get().status == Answer.Status.FAILED
 
 
-def test_an_answer_is_written_once_with_its_collections_before_its_generation_is_sent(
-    corpus, upstream_server, monkeypatch
-):
+def test_an_answer_is_written_once_with_its_collections_before_its_generation_is_sent(corpus, upstream_server):
     """One INSERT of the answer and one of its links, in one transaction, and no UPDATE of it
     before the message goes: a row and then its update were two commits (two WAL flushes) on
     the way to the first token."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
+    from tests.inference.routing_helpers import queue_purge, queued_request_ids
+
     workspace, collection = corpus
     remote_provider(upstream_server)
-    submitted = []
-    monkeypatch.setattr(answers.router, "submit", lambda plan, **fields: submitted.append(fields))
-
-    with CaptureQueriesContext(connection) as queries:
-        answer = answer_create(workspace=workspace, question="How does lift change?")
+    queue_purge()  # no worker takes queue remote here: the message waits there, and is removed after
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            answer = answer_create(workspace=workspace, question="How does lift change?")
+        submitted = queued_request_ids()
+    finally:
+        queue_purge()
 
     writes = [
         " ".join(q["sql"].split()[:3])
@@ -232,23 +234,28 @@ def test_an_answer_is_written_once_with_its_collections_before_its_generation_is
         if (q["sql"] or "").startswith(("INSERT", "UPDATE", "DELETE")) and '"search_answer' in q["sql"]
     ]
     assert writes == ['INSERT INTO "search_answer"', 'INSERT INTO "search_answer_collections"']
-    assert len(submitted) == 1
+    assert submitted == [str(answer.pk)]
     stored = Answer.objects.get(pk=answer.pk)
     assert (stored.status, list(stored.collections.all())) == (Answer.Status.GENERATING, [collection])
     assert stored.created_at == answer.created_at  # when it was asked, not when it was written
 
 
-def test_a_workspace_without_collections_sends_no_retrieval_statement(db, upstream_server, monkeypatch):
+def test_a_workspace_without_collections_sends_no_retrieval_statement(db, upstream_server):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
+
+    from tests.inference.routing_helpers import queue_purge, queued_request_ids
 
     workspace = workspace_create(name="Empty", slug="empty")
     route, _ = remote_provider(upstream_server)
     Route.objects.filter(pk=route.pk).update(abstains=False)
-    monkeypatch.setattr(answers.router, "submit", lambda plan, **fields: None)
-
-    with CaptureQueriesContext(connection) as queries:
-        answer = answer_create(workspace=workspace, question="How does lift change?")
+    queue_purge()
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            answer = answer_create(workspace=workspace, question="How does lift change?")
+        assert queued_request_ids() == [str(answer.pk)]
+    finally:
+        queue_purge()
 
     assert [q["sql"] for q in queries.captured_queries if "search_chunk" in (q["sql"] or "")] == []
     assert (answer.status, answer.sources, answer.timings["retrieve_ms"] >= 0) == (Answer.Status.GENERATING, [], True)

@@ -293,36 +293,40 @@ def test_a_generation_streams_with_usage_and_speculative_options_choose_and_neve
 def test_a_chat_completion_plans_its_route_once_and_the_answer_takes_the_plan(workspace, upstream_server, monkeypatch):
     """The door plans (the route, its arm, the endpoint for the speculative options) and
     ``answer_create`` takes that plan: a request whose route this process has resolved reads
-    the routing version once, and nothing else of routing, before its message goes."""
+    the routing version once, and nothing else of routing, before its message goes. No worker
+    takes queue ``remote`` here: the messages wait there (read back, then removed)."""
     from frontdoors.openai_api import chat as chat_api
     from inference import router
+    from tests.inference.routing_helpers import queue_purge, queued_request_ids
 
     remote_route(upstream_server)
     key = client_keys.client_key_authenticate(key_for(workspace, "generate"), scope="generate")
     request = chat_api.request_parse({"model": "default", "messages": QUESTION, "stream": True})
-    submitted = []
-    monkeypatch.setattr(router, "submit", lambda plan, **fields: submitted.append(plan))
-    chat_api.answer_start(key, request)  # resolves the route for this process
+    queue_purge()
+    try:
+        chat_api.answer_start(key, request)  # resolves the route for this process
 
-    reads = []
-    fetch_one = router.fetch_one
-    monkeypatch.setattr(router, "fetch_one", lambda sql, params: reads.append(sql) or fetch_one(sql, params))
-    started = chat_api.answer_start(key, request)
+        reads = []
+        fetch_one = router.fetch_one
+        monkeypatch.setattr(router, "fetch_one", lambda sql, params: reads.append(sql) or fetch_one(sql, params))
+        started = chat_api.answer_start(key, request)
 
-    reads_of_a_resolved_route = "SELECT (SELECT version FROM inference_routingversion WHERE id = 1)"
-    assert reads == [reads_of_a_resolved_route]
-    asked = Answer.objects.order_by("created_at")
-    assert [plan.request_id for plan in submitted] == [str(answer.pk) for answer in asked]
-    assert (started.model, started.answer.status, started.answer.route.name) == ("default", "generating", "default")
-    # The default route's model id names the default route too (not the usual path: the
-    # lookup of a route by that name, which finds none, comes first, then the default's plan,
-    # resolved by the first such request).
-    by_model_id = chat_api.request_parse({"model": "stand-in-7b", "messages": QUESTION})
-    assert chat_api.answer_start(key, by_model_id).model == "default"
-    reads.clear()
-    assert chat_api.answer_start(key, by_model_id).model == "default"
-    assert len(reads) == 2 and "r.name = " in reads[0] and reads[1] == reads_of_a_resolved_route
-    assert len(submitted) == 4
+        reads_of_a_resolved_route = "SELECT (SELECT version FROM inference_routingversion WHERE id = 1)"
+        assert reads == [reads_of_a_resolved_route]
+        asked = [str(answer.pk) for answer in Answer.objects.order_by("created_at")]
+        assert queued_request_ids() == asked
+        assert (started.model, started.answer.status, started.answer.route.name) == ("default", "generating", "default")
+        # The default route's model id names the default route too (not the usual path: the
+        # lookup of a route by that name, which finds none, comes first, then the default's
+        # plan, resolved by the first such request).
+        by_model_id = chat_api.request_parse({"model": "stand-in-7b", "messages": QUESTION})
+        assert chat_api.answer_start(key, by_model_id).model == "default"
+        reads.clear()
+        assert chat_api.answer_start(key, by_model_id).model == "default"
+        assert len(reads) == 2 and "r.name = " in reads[0] and reads[1] == reads_of_a_resolved_route
+        assert len(queued_request_ids()) == 4
+    finally:
+        queue_purge()
 
 
 def test_a_gpu_pool_reports_its_engines_figures_and_options_choose_between_pools(
