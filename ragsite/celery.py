@@ -19,13 +19,14 @@ from enum import StrEnum
 import kombu
 import redis
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_init
+from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init, worker_ready
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 from kombu import Queue as KombuQueue
 from kombu.transport.redis import Channel as RedisChannel
 
 from ragsite.beat import BEAT_SCHEDULE
+from ragsite.heap import startup_heap_freeze
 from ragsite.logs import install_celery_hooks
 from ragsite.redis import redis_client
 
@@ -132,6 +133,14 @@ CPU_SHARE_ENV = "RAGSITE_CPU_SHARE"
 def _cpu_share_set(sender=None, **_):
     concurrency = getattr(sender, "concurrency", None) or 1
     os.environ[CPU_SHARE_ENV] = str(max(1, (os.cpu_count() or 1) // concurrency))
+
+
+@worker_ready.connect
+@worker_process_init.connect
+def _startup_heap_frozen(**_):
+    """A worker's start-up heap, task modules imported, frozen (ragsite/heap.py): in the
+    consumer process once it is ready, and in each pool process a prefork worker starts."""
+    startup_heap_freeze()
 
 
 @task_prerun.connect

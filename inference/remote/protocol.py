@@ -65,6 +65,24 @@ def speculative_report(metrics) -> dict | None:
     }
 
 
+def _body(endpoint: RemoteEndpoint, request: RemoteRequest) -> dict:
+    """The request's JSON, the endpoint's ``extra_body`` merged in last (as the SDK's ``extra_body``)."""
+    body = {
+        "model": endpoint.model,
+        "messages": request.messages,
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if request.stop:
+        body["stop"] = list(request.stop)
+    if request.seed is not None:
+        body["seed"] = request.seed
+    return {**body, **(endpoint.extra_body or {})}
+
+
 def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | RemoteStats]:
     host = endpoint.host
     started = time.monotonic()
@@ -101,29 +119,24 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
     try:
         try:
             client = transport.client_for(endpoint)
-            optional = {}
-            if request.stop:
-                optional["stop"] = list(request.stop)
-            if request.seed is not None:
-                optional["seed"] = request.seed
             transport.current.watch = watch
             try:
-                stream = client.chat.completions.create(
-                    model=endpoint.model,
-                    messages=request.messages,
-                    max_tokens=request.max_tokens,
-                    temperature=request.temperature,
-                    top_p=request.top_p,
+                stream = client.post(
+                    "/chat/completions",
+                    body=_body(endpoint, request),
+                    # The chunks as parsed JSON: the SDK's SSE decoding, status and mid-stream
+                    # errors, but no model object per chunk (most of the per-token cost).
+                    cast_to=object,
                     stream=True,
-                    stream_options={"include_usage": True},
-                    extra_body=endpoint.extra_body or None,
-                    timeout=openai.Timeout(
-                        connect=endpoint.connect_timeout_s,
-                        read=min(endpoint.first_token_timeout_s, endpoint.total_timeout_s),
-                        write=endpoint.first_token_timeout_s,
-                        pool=endpoint.connect_timeout_s,
-                    ),
-                    **optional,
+                    stream_cls=openai.Stream[object],
+                    options={
+                        "timeout": openai.Timeout(
+                            connect=endpoint.connect_timeout_s,
+                            read=min(endpoint.first_token_timeout_s, endpoint.total_timeout_s),
+                            write=endpoint.first_token_timeout_s,
+                            pool=endpoint.connect_timeout_s,
+                        )
+                    },
                 )
             finally:
                 transport.current.watch = None
@@ -131,14 +144,20 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
             for chunk in stream:
                 if watch.expired or time.monotonic() > watch.deadline:
                     raise deadline_error()
-                model = chunk.model or model
-                if chunk.usage is not None:
-                    usage = chunk.usage
+                if not isinstance(chunk, dict):
+                    raise ValueError(f"a stream chunk is {type(chunk).__name__}, not a JSON object")
+                model = chunk.get("model") or model
+                if isinstance(chunk.get("usage"), dict):
+                    usage = chunk["usage"]
                     # vLLM's per-request figures ride on the usage chunk, outside OpenAI's schema.
-                    reported_metrics = (chunk.model_extra or {}).get("metrics")
-                for choice in chunk.choices or ():
-                    text = choice.delta.content if choice.delta is not None else None
-                    if text:
+                    reported_metrics = chunk.get("metrics")
+                choices = chunk.get("choices")
+                for choice in choices if isinstance(choices, list) else ():
+                    if not isinstance(choice, dict):
+                        continue
+                    delta = choice.get("delta")
+                    text = delta.get("content") if isinstance(delta, dict) else None
+                    if text and isinstance(text, str):
                         if first_token_at is None:
                             first_token_at = time.monotonic()
                             transport.watchdog.move(watch, total_deadline)
@@ -147,8 +166,8 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
                         repetition = guard.feed(text) if guard is not None else None
                         if repetition is not None:
                             break
-                    if choice.finish_reason:
-                        finish_reason = choice.finish_reason
+                    if choice.get("finish_reason"):
+                        finish_reason = choice["finish_reason"]
                         watch.drain = True  # a complete answer: keep the connection (transport._WatchedStream)
                 if repetition is not None:
                     # The generation repeats itself: stop reading. Closing the response (below)
@@ -173,7 +192,7 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
         # Cut here: the usage chunk will not come. Completion tokens are the deltas received
         # (what the upstream generated before it saw the close, less what was on the way).
         finish_reason, completion_tokens, source = "repetition", tokens_sent, "counted"
-        prompt_tokens = (usage.prompt_tokens if usage is not None else None) or estimate_prompt_tokens(request.messages)
+        prompt_tokens = _count((usage or {}).get("prompt_tokens")) or estimate_prompt_tokens(request.messages)
     elif finish_reason is None:
         raise UpstreamError(
             "broken_stream",
@@ -181,8 +200,12 @@ def _stream(endpoint: RemoteEndpoint, request: RemoteRequest) -> Iterator[str | 
             "the completion is incomplete: retry it",
             tokens_sent=tokens_sent,
         )
-    elif usage is not None and usage.completion_tokens is not None:
-        prompt_tokens, completion_tokens, source = usage.prompt_tokens or 0, usage.completion_tokens, "upstream"
+    elif usage is not None and _count(usage.get("completion_tokens")) is not None:
+        prompt_tokens, completion_tokens, source = (
+            _count(usage.get("prompt_tokens")) or 0,
+            usage["completion_tokens"],
+            "upstream",
+        )
     else:
         prompt_tokens, completion_tokens, source = estimate_prompt_tokens(request.messages), tokens_sent, "counted"
     yield RemoteStats(
