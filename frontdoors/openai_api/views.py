@@ -138,7 +138,7 @@ async def chat_completions(request):
                 if kind == "delta":
                     completion.text.append(data.get("text", ""))
                 elif kind == "stats":
-                    return _with_request_id(JsonResponse(completion.completion(data)), started)
+                    return JsonResponse(completion.completion(data))
                 elif kind == "error":
                     raise from_generation(data)
         raise OpenAIError(502, "the answer's stream ended without a result", code="generation_failed")
@@ -154,7 +154,7 @@ async def chat_completions(request):
     )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
-    return _with_request_id(response, started)
+    return response
 
 
 def _chat_start(request) -> tuple[chat_api.ChatRequest, chat_api.Started]:
@@ -167,11 +167,6 @@ def _chat_start(request) -> tuple[chat_api.ChatRequest, chat_api.Started]:
         return chat, chat_api.answer_start(key, chat)
     finally:
         connection_give_back()  # the stream that follows holds none (ragsite.overload)
-
-
-def _with_request_id(response, started: chat_api.Started):
-    response["x-request-id"] = str(started.answer.id)  # the SDKs show it as the request's id
-    return response
 
 
 def _data(payload: dict) -> bytes:
