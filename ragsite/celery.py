@@ -19,7 +19,7 @@ from enum import StrEnum
 import kombu
 import redis
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_init, worker_process_init, worker_ready
+from celery.signals import task_postrun, task_prerun, worker_init
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 from kombu import Queue as KombuQueue
@@ -135,11 +135,12 @@ def _cpu_share_set(sender=None, **_):
     os.environ[CPU_SHARE_ENV] = str(max(1, (os.cpu_count() or 1) // concurrency))
 
 
-@worker_ready.connect
-@worker_process_init.connect
+@worker_init.connect
 def _startup_heap_frozen(**_):
-    """A worker's start-up heap, task modules imported, frozen (ragsite/heap.py): in the
-    consumer process once it is ready, and in each pool process a prefork worker starts."""
+    """A worker's start-up heap frozen (ragsite/heap.py) once its task modules are imported
+    (Celery imports them before ``worker_init``) and before a prefork pool starts: its
+    processes inherit the frozen heap, and their collections never touch those pages (no
+    copy-on-write of the parent's heap in every child)."""
     startup_heap_freeze()
 
 

@@ -40,19 +40,19 @@ def test_the_web_process_freezes_its_heap_once_every_view_is_imported():
     assert found["views"] == [True, True, True]
 
 
-def test_a_worker_freezes_its_heap_when_ready_and_in_each_pool_process():
+def test_a_worker_freezes_its_heap_with_its_tasks_imported_before_its_pool_starts():
     found = _python(
         "import gc, json, django\n"
         "django.setup()\n"
-        "from celery.signals import worker_process_init, worker_ready\n"
+        "from celery.signals import worker_init\n"
         "from ragsite.celery import app\n"
+        "app.loader.import_default_modules()\n"  # what a worker does before worker_init
         "before = gc.get_freeze_count()\n"
-        "worker_process_init.send(sender=None)\n"
-        "in_pool_process = gc.get_freeze_count()\n"
-        "gc.unfreeze()\n"
-        "worker_ready.send(sender=None)\n"
-        "print(json.dumps({'before': before, 'pool_process': in_pool_process, 'ready': gc.get_freeze_count()}))"
+        "worker_init.send(sender=None)\n"
+        "import sys\n"
+        "print(json.dumps({'before': before, 'frozen': gc.get_freeze_count(),\n"
+        "    'tasks': [m in sys.modules for m in ('inference.tasks', 'search.tasks', 'billing.tasks')]}))"
     )
     assert found["before"] == 0
-    assert found["pool_process"] >= STARTUP_OBJECTS_AT_LEAST
-    assert found["ready"] >= STARTUP_OBJECTS_AT_LEAST
+    assert found["frozen"] >= STARTUP_OBJECTS_AT_LEAST
+    assert found["tasks"] == [True, True, True]
