@@ -14,8 +14,7 @@ from __future__ import annotations
 import gc
 
 
-def startup_heap_freeze() -> int:
-    """Collect once, then freeze what is left; returns how many objects were frozen."""
+def startup_heap_freeze() -> None:
+    """Collect once, then freeze what is left."""
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
