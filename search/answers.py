@@ -69,10 +69,10 @@ from ragsite.errors import DomainError
 from ragsite.logs import request_received_at
 from ragsite.outages import outage_of
 from ragsite.redis import redis_async_client, redis_client
-from search import abstention, prompting
+from search import abstention, conversations, prompting
 from search.embedders import DEFAULT_EMBEDDER
 from search.extractive import extractive_answer
-from search.models import Answer, Chunk, Collection, Workspace
+from search.models import Answer, Chunk, Collection, Conversation, Workspace
 from search.scoping import collections_chosen
 from search.selectors import SearchError, chunk_search
 from search.verification import answer_verify
@@ -115,8 +115,17 @@ def answer_create(
     client_key=None,
     speculative: dict | None = None,
     plan: router.Plan | None = None,
+    conversation: Conversation | None = None,
+    history: list[conversations.Turn] | None = None,
 ) -> Answer:
     """Answer ``question`` from ``collections`` (default: all of the workspace's); see the module docstring.
+
+    ``conversation``: the caller's conversation (``conversations.conversation_of``) this
+    question continues: its earlier turns are the history. ``history``: the earlier turns as
+    the caller holds them (an OpenAI ``messages`` list), for a new conversation of its own.
+    Neither: the first question of a new conversation. With a history the question is read
+    as a follow-up (``conversations.followup_terms``; ``answer.retrieval_query`` is what was
+    retrieved for, ``stats["followup"]`` how) and the turns go into the prompt.
 
     ``client_id``: whose canary arm applies (an API key's id); defaults to the asker's id.
     ``client_key``: the API key asking (``billing.models.ClientKey``): each generation
@@ -151,7 +160,18 @@ def answer_create(
     started = time.perf_counter()
     # Built here, stored once it is planned and prompted (``_answer_store``): one INSERT on
     # the way to the first token rather than an INSERT and an UPDATE. ``created_at`` is now.
-    answer = Answer(workspace=workspace, asker=asker, client_id=client_id, question=question)
+    if conversation is None:
+        conversation = Conversation(workspace=workspace, owner=asker, client_id=client_id)
+        conversation.title = conversations.title_from(question)
+    elif history is not None:
+        raise AnswerError("history", "give a conversation or a history, not both")
+    elif conversation.workspace_id != workspace.pk:
+        raise AnswerError("conversation", "the conversation is not in this workspace")
+    else:
+        history = conversations.history_of(conversation)
+    answer = Answer(workspace=workspace, asker=asker, client_id=client_id, question=question, retrieval_query=question)
+    answer.conversation = conversation
+    answer.history = history or []  # for this call only: the turns the question is read with
     received = request_received_at()
     if received is not None:  # from the request's arrival to here: authentication, parsing, the route
         answer.timings["request_ms"] = round(max(0.0, answer.created_at.timestamp() - received) * 1000, 2)
@@ -170,13 +190,21 @@ def _answer_store(answer: Answer) -> None:
     if not answer._state.adding:
         answer.save()
         return
+    conversation = answer.conversation
+    new_conversation = conversation._state.adding
     try:
         with transaction.atomic():
+            if new_conversation:  # a first question: its conversation with it
+                conversation.created_at = conversation.updated_at = answer.created_at
+                conversation.save(force_insert=True)
+            else:
+                conversations.turn_started(conversation, answer.question, at=answer.created_at)
             answer.save(force_insert=True)
             if answer.chosen_collections:
                 answer.collections.add(*answer.chosen_collections)  # a new row: add, where set would read its links
     except BaseException:
         answer._state.adding = True  # rolled back: still not stored
+        conversation._state.adding = new_conversation
         raise
 
 
@@ -229,10 +257,14 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         _admit_extractive(client_key, answer.question)
 
     retrieve_started = time.perf_counter()
+    if answer.history and collections:
+        reading = conversations.followup_terms(answer.question, answer.history, collections)
+        answer.retrieval_query = reading.query
+        answer.stats["followup"] = reading.as_record()
     if collections:
         try:
             result = chunk_search(
-                query=answer.question,
+                query=answer.retrieval_query,
                 workspace=answer.workspace,
                 collection_ids=collections,  # chosen when it was asked: no second query
                 mode="hybrid",
@@ -256,7 +288,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     if plan.route.abstains:
         relevance_started = time.perf_counter()
         relevance = abstention.relevance(
-            answer.question,
+            answer.retrieval_query,
             sources,
             **_scoring(first),
         )
@@ -268,14 +300,18 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     prompt_started = time.perf_counter()
     try:
         budget = prompting.prompt_budget_for(plan.route, max_tokens=max_tokens)
-        prompt = prompting.prompt_plan(answer.question, sources, budget, plan.route.system_prompt)
+        turns = [(turn.question, turn.answer) for turn in answer.history if turn.answer]
+        prompt = prompting.prompt_plan(answer.question, sources, budget, plan.route.system_prompt, history=turns)
     except prompting.PromptTooLong as exc:
         raise AnswerError(exc.field, str(exc)) from None
     answer.timings["prompt_ms"] = _ms_since(prompt_started)
     answer.sources = [source.as_record() for source in prompt.sources]
     answer.route, answer.release, answer.arm = plan.route, plan.release, plan.arm
     answer.mode, answer.status = Answer.Mode.GENERATED, Answer.Status.GENERATING
-    answer.stats = {"context": prompt.context_record(), **{k: v for k, v in answer.stats.items() if k == "relevance"}}
+    answer.stats = {
+        "context": prompt.context_record(),
+        **{k: v for k, v in answer.stats.items() if k in ("relevance", "followup")},
+    }
     common = {
         "temperature": temperature,
         "workspace_id": answer.workspace_id,
@@ -360,7 +396,7 @@ def _answer_extractive(answer: Answer, sources, collection: Collection | None, s
     no model generates it, said in its first line."""
     extract_started = time.perf_counter()
     extractive = extractive_answer(
-        answer.question,
+        answer.retrieval_query or answer.question,
         sources,
         **_scoring(collection),
         lead=f"Extracted from the sources ({why}):",  # its first line says why no model wrote it
@@ -385,6 +421,7 @@ def _answer_extractive(answer: Answer, sources, collection: Collection | None, s
     answer.grounded = 1.0 if extractive.extracts else None
     answer.timings["total_ms"] = _ms_since(started)
     answer.stats = {
+        **{k: v for k, v in answer.stats.items() if k == "followup"},
         "mode": Answer.Mode.EXTRACTIVE.value,
         "why": why,
         "sentences": len(extractive.extracts),
@@ -553,7 +590,9 @@ def _finalize_stored(answer_id, outcome: dict) -> tuple[Answer | None, bool]:
         # A generation cut for repeating itself keeps one copy of the loop (the stream has all).
         answer.text = outcome["text"] if error else trim_repetition(outcome["text"], outcome["stats"])
         _, answer.dropped_citations = prompting.citations_resolve(answer.text, answer.sources)
-        kept = {key: answer.stats[key] for key in ("context", "map_reduce", "relevance") if key in answer.stats}
+        kept = {
+            key: answer.stats[key] for key in ("context", "map_reduce", "relevance", "followup") if key in answer.stats
+        }
         extra = {key: outcome.get(key) for key in ("route", "provider", "attempts") if outcome.get(key) is not None}
         answer.stats = {**outcome["stats"], **extra, **kept}
         if error:
@@ -636,7 +675,7 @@ def _quoted_instead(answer: Answer, texts: dict[int, str], collection: Collectio
         if record["chunk_id"] in texts
     ]
     extractive = extractive_answer(
-        answer.question,
+        answer.retrieval_query or answer.question,
         sources,
         **_scoring(collection),
         lead=QUOTED_LEAD,

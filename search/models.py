@@ -208,6 +208,35 @@ class TermStat(models.Model):
         return f"term {self.term} in {self.collection_id}: df {self.df}"
 
 
+class Conversation(models.Model):
+    """A thread of questions: each answer is one turn of exactly one conversation, and a
+    follow-up is read with the turns before it (search/conversations.py, docs/search.md).
+
+    Owned by who started it (``client_id``: a user's or an API key's id, as on an answer), and
+    read only by them: a conversation is someone's line of thought, not the workspace's."""
+
+    workspace_path = "workspace"  # search.scoping: how a front door finds its rows
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="conversations")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="conversations"
+    )
+    client_id = models.CharField(max_length=100, blank=True)
+    # From its first question until renamed.
+    title = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+    # The latest turn's time: conversations are listed by it.
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-updated_at"]
+        indexes = [models.Index(fields=["workspace", "client_id", "-updated_at"], name="conversation_owner_recent")]
+
+    def __str__(self) -> str:
+        return self.title
+
+
 class Answer(models.Model):
     """A question answered from retrieved chunks, with numbered citations.
 
@@ -235,6 +264,11 @@ class Answer(models.Model):
     # Whose arm a canary release gives (a user's or an API key's id): sticky per client.
     client_id = models.CharField(max_length=100, blank=True)
     question = models.TextField()
+    # The turn this answer is (its conversation's earlier answers are the turns before it).
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="answers")
+    # What retrieval searched for: the question itself, or for a follow-up the standalone
+    # question it was read as (``stats["followup"]`` says how).
+    retrieval_query = models.TextField(blank=True)
     collections = models.ManyToManyField(Collection, related_name="answers")
     # [{number, chunk_id, document_id, score}]: the numbered sources the prompt gave.
     sources = models.JSONField(default=list, blank=True)
@@ -272,7 +306,25 @@ class Answer(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["workspace", "-created_at"], name="answer_workspace_recent")]
+        indexes = [
+            models.Index(fields=["workspace", "-created_at"], name="answer_workspace_recent"),
+            models.Index(fields=["conversation", "created_at"], name="answer_conversation_turns"),
+        ]
 
     def __str__(self) -> str:
         return self.question[:80]
+
+    def save(self, *args, **kwargs):
+        # Every answer is a turn: one stored without a conversation (the shell, a fixture)
+        # starts its own, as the migration gave each answer asked before conversations.
+        if self.conversation_id is None and self._state.adding:
+            self.conversation = Conversation.objects.create(
+                id=self.id,
+                workspace_id=self.workspace_id,
+                owner_id=self.asker_id,
+                client_id=self.client_id,
+                title=" ".join(self.question.split())[:200],
+                created_at=self.created_at,
+                updated_at=self.created_at,
+            )
+        super().save(*args, **kwargs)

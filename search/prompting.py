@@ -95,6 +95,9 @@ REMOTE_MARGIN_FRACTION = 0.05
 MAP_MAX_REQUESTS = 8
 MAP_NOTE_MAX_TOKENS = 256
 MAP_NOTE_MIN_TOKENS = 32
+# A conversation's earlier turns take at most this share of the prompt's limit; the sources
+# the rest (a follow-up is answered from its sources, the turns only say what it refers to).
+HISTORY_SHARE = 0.25
 # A citation range wider than this ([1-500]) is read as its two ends only.
 CITATION_RANGE_MAX = 50
 
@@ -328,21 +331,37 @@ def _source_block(source: Source) -> str:
     return f"[{source.number}] {source.title}\n{source.text}"
 
 
+def _history_messages(history: Sequence[tuple[str, str]]) -> list[dict]:
+    messages = []
+    for question, answer in history:
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    return messages
+
+
 def answer_messages(
-    question: str, sources: Sequence[Source], system_prompt: str = "", *, citing: str = "model"
+    question: str,
+    sources: Sequence[Source],
+    system_prompt: str = "",
+    *,
+    citing: str = "model",
+    history: Sequence[tuple[str, str]] = (),
 ) -> list[dict]:
-    """The one request of an answer: instructions, numbered sources, question; with
-    ``citing="verifier"``, instructions and plain sources, then the question alone."""
+    """The one request of an answer: instructions, the conversation's earlier turns
+    (``history``: (question, answer) pairs, oldest first), numbered sources and question;
+    with ``citing="verifier"``, instructions and plain sources, the turns, then the question
+    alone."""
     if citing == "verifier":
         context = "\n\n".join(f"{source.title}\n{source.text}".lstrip("\n") for source in sources)
         instructions = system_prompt.strip() or CONTEXT_SYSTEM_PROMPT
         return [
             {"role": "system", "content": f"{instructions}\n\n{context or NO_SOURCES}"},
+            *_history_messages(history),
             {"role": "user", "content": question},
         ]
     body = "Sources:\n\n" + "\n\n".join(map(_source_block, sources)) if sources else NO_SOURCES
     return [
         {"role": "system", "content": system_prompt.strip() or SYSTEM_PROMPT},
+        *_history_messages(history),
         {"role": "user", "content": f"{body}\n\nQuestion: {question}"},
     ]
 
@@ -389,6 +408,9 @@ class PromptPlan:
     requests: list[PromptRequest]
     budget: PromptBudget
     left_out: list[dict] = field(default_factory=list)
+    # The conversation's earlier turns in the prompt, and those the window left out (oldest).
+    history_given: int = 0
+    history_left_out: int = 0
 
     def context_record(self) -> dict:
         """For ``Answer.stats["context"]``: how the window was used and what was left out."""
@@ -401,13 +423,41 @@ class PromptPlan:
             "prompt_tokens": [request.prompt_tokens for request in self.requests],
             "left_out": self.left_out,
         }
+        if self.history_given or self.history_left_out:
+            record["history_turns"] = self.history_given
+            record["history_left_out"] = self.history_left_out
         if self.strategy == "map_reduce":
             record["note_tokens"] = self.requests[0].max_tokens if self.requests else 0
         return record
 
 
-def prompt_plan(question: str, sources: Sequence[Source], budget: PromptBudget, system_prompt: str = "") -> PromptPlan:
-    """Pack ``sources`` (best first) into the budget; map-reduce when one cannot fit alone."""
+def history_fitted(
+    question: str, history: Sequence[tuple[str, str]], budget: PromptBudget, system_prompt: str = ""
+) -> list[tuple[str, str]]:
+    """The latest of a conversation's earlier turns whose prompt, without sources, stays
+    within ``HISTORY_SHARE`` of the prompt's limit: the oldest are dropped first, and a turn
+    goes in whole or not at all. The sources are packed into what is left."""
+    count = budget.counter.messages
+    bare = count(answer_messages(question, [], system_prompt, citing=budget.citing))
+    allowance = bare + int(HISTORY_SHARE * budget.prompt_limit)
+    kept: list[tuple[str, str]] = []
+    for turn in reversed(history):
+        candidate = [turn, *kept]
+        if count(answer_messages(question, [], system_prompt, citing=budget.citing, history=candidate)) > allowance:
+            break
+        kept = candidate
+    return kept
+
+
+def prompt_plan(
+    question: str,
+    sources: Sequence[Source],
+    budget: PromptBudget,
+    system_prompt: str = "",
+    history: Sequence[tuple[str, str]] = (),
+) -> PromptPlan:
+    """Pack the conversation's earlier turns (``history_fitted``) and then ``sources`` (best
+    first) into the budget; map-reduce, without the turns, when one source cannot fit alone."""
     count = budget.counter.messages
     limit = budget.prompt_limit
     bare = count(answer_messages(question, [], system_prompt, citing=budget.citing))
@@ -418,6 +468,9 @@ def prompt_plan(question: str, sources: Sequence[Source], budget: PromptBudget, 
             f"tokens leaves {limit} for the prompt after max_tokens ({budget.max_tokens}) and a margin of "
             f"{budget.margin}: ask a shorter question",
         )
+    turns = history_fitted(question, history, budget, system_prompt) if history else []
+    if turns:
+        bare = count(answer_messages(question, [], system_prompt, citing=budget.citing, history=turns))
     given: list[Source] = []
     left_out: list[dict] = []
     tokens = bare
@@ -428,23 +481,35 @@ def prompt_plan(question: str, sources: Sequence[Source], budget: PromptBudget, 
         if budget.max_source_tokens:
             source = source_shortened(source, question, budget.max_source_tokens, budget.counter)
         candidate = replace(source, number=len(given) + 1)
-        with_it = count(answer_messages(question, [*given, candidate], system_prompt, citing=budget.citing))
+        with_it = count(
+            answer_messages(question, [*given, candidate], system_prompt, citing=budget.citing, history=turns)
+        )
         if with_it <= limit:
             given.append(candidate)
             tokens = with_it
             continue
-        alone = count(answer_messages(question, [replace(source, number=1)], system_prompt, citing=budget.citing))
+        alone = count(
+            answer_messages(question, [replace(source, number=1)], system_prompt, citing=budget.citing, history=turns)
+        )
         if alone > limit:
             return _map_reduce_plan(question, sources, budget, system_prompt)
         reason = f"does not fit the context window (the prompt would take {with_it} of {limit})"
         left_out.append(source.left_out(reason))
     request = PromptRequest(
-        messages=answer_messages(question, given, system_prompt, citing=budget.citing),
+        messages=answer_messages(question, given, system_prompt, citing=budget.citing, history=turns),
         max_tokens=budget.max_tokens,
         prompt_tokens=tokens,
         source_numbers=[source.number for source in given],
     )
-    return PromptPlan(strategy="single", sources=given, requests=[request], budget=budget, left_out=left_out)
+    return PromptPlan(
+        strategy="single",
+        sources=given,
+        requests=[request],
+        budget=budget,
+        left_out=left_out,
+        history_given=len(turns),
+        history_left_out=len(history) - len(turns),
+    )
 
 
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")

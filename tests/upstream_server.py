@@ -340,6 +340,7 @@ class Handler(BaseHTTPRequestHandler):
             "top_p": body.get("top_p"),
             "seed": body.get("seed"),
             "stop": body.get("stop"),
+            "messages": body.get("messages"),
             "prompt_tokens": None,
             "completion_tokens": None,
             "usage_sent": False,

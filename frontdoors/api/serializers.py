@@ -17,8 +17,9 @@ from rest_framework import serializers
 from rest_framework.reverse import reverse
 
 from search.answers import QUESTION_MAX_CHARS, TOP_K_MAX
+from search.conversations import TITLE_MAX_CHARS
 from search.embedders import DEFAULT_EMBEDDER, EmbedderError, embedder_get
-from search.models import Answer, Collection, Document
+from search.models import Answer, Collection, Conversation, Document
 from search.query_syntax import SYNTAXES
 from search.selectors import MODES
 
@@ -297,6 +298,13 @@ class AnswerCreateSerializer(serializers.Serializer):
     top_k = serializers.IntegerField(min_value=1, max_value=TOP_K_MAX, default=8, help_text="Passages retrieved.")
     max_tokens = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
     temperature = serializers.FloatField(min_value=0, max_value=2, required=False)
+    conversation = serializers.UUIDField(
+        required=False,
+        help_text=(
+            "A conversation of yours that the question continues: it is read as a follow-up of the earlier "
+            "turns. Default: the first question of a new conversation."
+        ),
+    )
 
 
 class SourceSerializer(serializers.Serializer):
@@ -332,9 +340,11 @@ class AnswerSerializer(serializers.ModelSerializer):
         model = Answer
         fields = [
             "id",
+            "conversation",
             "status",
             "mode",
             "question",
+            "retrieval_query",
             "text",
             "error",
             "citations",
@@ -397,6 +407,43 @@ class AnswerSerializer(serializers.ModelSerializer):
 
     def get_stream_url(self, answer: Answer) -> str:
         return absolute_url(self.context["request"], "answer-stream", answer_id=answer.pk)
+
+
+# --------------------------------------------------------------------------- conversations
+
+
+class ConversationCreateSerializer(serializers.Serializer):
+    title = serializers.CharField(
+        max_length=TITLE_MAX_CHARS,
+        required=False,
+        validators=[_NOT_BLANK],
+        help_text="Default: the first question, once asked.",
+    )
+
+
+class ConversationRenameSerializer(serializers.Serializer):
+    title = serializers.CharField(max_length=TITLE_MAX_CHARS, validators=[_NOT_BLANK])
+
+
+class ConversationSerializer(serializers.ModelSerializer):
+    turns = serializers.IntegerField(source="turn_count", read_only=True, help_text="Questions asked in it.")
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Conversation
+        fields = ["id", "title", "turns", "created_at", "updated_at", "url"]
+        read_only_fields = fields
+
+    def get_url(self, conversation: Conversation) -> str:
+        return absolute_url(self.context["request"], "conversation-detail", conversation_id=conversation.pk)
+
+
+class ConversationDetailSerializer(ConversationSerializer):
+    answers = AnswerSerializer(many=True, read_only=True, source="turn_list", help_text="Its turns, oldest first.")
+
+    class Meta(ConversationSerializer.Meta):
+        fields = [*ConversationSerializer.Meta.fields, "answers"]
+        read_only_fields = fields
 
 
 # --------------------------------------------------------------------------- usage

@@ -18,6 +18,8 @@ urlpatterns = [
     path("v1/answers", views.AnswerCreateView.as_view(), name="answers"),
     path("v1/answers/<uuid:answer_id>", views.AnswerDetailView.as_view(), name="answer-detail"),
     path("v1/answers/<uuid:answer_id>/stream", streaming.answer_stream, name="answer-stream"),
+    path("v1/conversations", views.ConversationListView.as_view(), name="conversations"),
+    path("v1/conversations/<uuid:conversation_id>", views.ConversationDetailView.as_view(), name="conversation-detail"),
     path("v1/usage", views.UsageView.as_view(), name="usage"),
     re_path(r"^v1/", views.endpoint_not_found),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

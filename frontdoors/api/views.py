@@ -13,7 +13,7 @@ import re
 import time
 from datetime import UTC, date, datetime
 
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -32,6 +32,14 @@ from frontdoors.api.pagination import ApiPagination, query_integer
 from frontdoors.api.schema import error_responses
 from frontdoors.api.throttling import ApiRateThrottle
 from search.answers import answer_create, answer_stream_read
+from search.conversations import (
+    conversation_create,
+    conversation_delete,
+    conversation_of,
+    conversation_rename,
+    conversation_turns,
+    conversations_owned,
+)
 from search.models import Answer, Collection, Document
 from search.scoping import collections_chosen, in_workspaces
 from search.selectors import SearchError, chunk_search
@@ -419,8 +427,12 @@ class AnswerCreateView(ApiView):
         serializer.is_valid(raise_exception=True)
         params = serializer.validated_data
         access = request.access
+        conversation = None
+        if "conversation" in params:
+            conversation = conversation_of(self.workspace, access.client_id, params["conversation"])
         answer = answer_create(
             workspace=self.workspace,
+            conversation=conversation,
             question=params["question"],
             collections=params.get("collections"),
             asker=access.user,
@@ -457,6 +469,101 @@ class AnswerDetailView(ApiView):
         if answer is None:
             raise _not_found("answer", answer_id)
         return Response(self.get_serializer(answer).data)
+
+
+# --------------------------------------------------------------------------- conversations
+
+
+def _conversations(view) -> QuerySet:
+    """The caller's conversations (a key's, or a member's own), with their number of turns."""
+    return conversations_owned(view.workspace, view.request.access.client_id).annotate(turn_count=Count("answers"))
+
+
+def _conversation(view, conversation_id):
+    conversation = _conversations(view).filter(pk=conversation_id).first()
+    if conversation is None:
+        raise NotFound(f"No conversation {conversation_id} of yours in this workspace.", code="not_found")
+    return conversation
+
+
+class ConversationListView(ApiView):
+    scopes = {"GET": Scope.GENERATE, "POST": Scope.GENERATE}
+    serializer_class = api.ConversationSerializer
+
+    @extend_schema(
+        operation_id="conversations_list",
+        summary="Your conversations, the latest turn first",
+        description="Scope: generate. A key lists the conversations it started; a member, their own.",
+        responses={200: api.ConversationSerializer(many=True), **error_responses()},
+    )
+    def get(self, request):
+        page = self.paginate_queryset(_conversations(self))
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
+    @extend_schema(
+        operation_id="conversations_create",
+        summary="Start a conversation",
+        description=(
+            "Scope: generate. Ask its questions with `POST /api/v1/answers` and `conversation`: each one after "
+            "the first is read as a follow-up of the turns before it."
+        ),
+        request=api.ConversationCreateSerializer,
+        responses={201: api.ConversationSerializer, **error_responses(415)},
+    )
+    def post(self, request):
+        serializer = api.ConversationCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        access = request.access
+        conversation = conversation_create(
+            workspace=self.workspace,
+            owner=access.user,
+            client_id=access.client_id,
+            title=serializer.validated_data.get("title", ""),
+        )
+        return Response(self.get_serializer(_conversation(self, conversation.pk)).data, status=status.HTTP_201_CREATED)
+
+
+class ConversationDetailView(ApiView):
+    scopes = {"GET": Scope.GENERATE, "PATCH": Scope.GENERATE, "DELETE": Scope.GENERATE}
+    serializer_class = api.ConversationDetailSerializer
+    http_method_names = ["get", "patch", "delete", "head"]
+
+    @extend_schema(
+        operation_id="conversations_get",
+        summary="One conversation with its answers, oldest first",
+        description="Scope: generate.",
+        responses={200: api.ConversationDetailSerializer, **error_responses()},
+    )
+    def get(self, request, conversation_id):
+        conversation = _conversation(self, conversation_id)
+        conversation.turn_list = list(
+            conversation_turns(conversation).select_related("route").prefetch_related("collections")
+        )
+        return Response(self.get_serializer(conversation).data)
+
+    @extend_schema(
+        operation_id="conversations_rename",
+        summary="Rename a conversation",
+        description="Scope: generate.",
+        request=api.ConversationRenameSerializer,
+        responses={200: api.ConversationSerializer, **error_responses(415)},
+    )
+    def patch(self, request, conversation_id):
+        conversation = _conversation(self, conversation_id)  # another's is not found, whatever the body
+        serializer = api.ConversationRenameSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        conversation = conversation_rename(conversation=conversation, title=serializer.validated_data["title"])
+        return Response(api.ConversationSerializer(conversation, context=self.get_serializer_context()).data)
+
+    @extend_schema(
+        operation_id="conversations_delete",
+        summary="Delete a conversation and its answers",
+        description="Scope: generate. What its answers cost stays in the usage ledger.",
+        responses={204: OpenApiResponse(description="Deleted."), **error_responses()},
+    )
+    def delete(self, request, conversation_id):
+        conversation_delete(conversation=_conversation(self, conversation_id))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 # --------------------------------------------------------------------------- usage

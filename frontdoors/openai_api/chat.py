@@ -3,8 +3,11 @@
 A chat request is answered by ``search.answers.answer_create`` as the UI and the REST API
 answer questions: the question is the text of the last ``user`` message, retrieval runs over
 every collection of the key's workspace, the numbered sources and the instructions make the
-prompt, and the generation is routed and billed to the key. Earlier messages are not sent
-to the model (the answer prompt is built from the sources; see docs/openai.md).
+prompt, and the generation is routed and billed to the key. The messages before it are the
+conversation: each earlier user message a turn, answered by the assistant messages after it;
+the question is read as a follow-up of those turns (retrieved for as a standalone question,
+``retrieval_query`` in the response) and the turns go into the prompt (docs/openai.md).
+System and developer messages are never a question or a turn.
 
 ``model`` picks the route: a route's name selects it; the default route's model id and
 ``extractive`` go to the default route; any other name is 404 ``model_not_found``, as
@@ -36,7 +39,7 @@ from inference import router
 from inference.errors import NoRouteConfigured, PoolWarming, RouteNotFound, SpeculationUnavailable
 from inference.models import Route
 from ragsite.errors import DomainError
-from search import answers, prompting
+from search import answers, conversations, prompting
 from search.models import Answer
 
 EXTRACTIVE_MODEL = "extractive"
@@ -55,6 +58,7 @@ FINISH_REASONS = ("stop", "length")
 class ChatRequest:
     model: str
     question: str
+    history: list[conversations.Turn]  # the earlier user messages and the replies to them
     stream: bool
     include_usage: bool
     max_tokens: int | None
@@ -80,6 +84,22 @@ def _text_of(content, index: int) -> str:
     raise invalid(f"messages[{index}].content", "content must be a string or a list of text parts")
 
 
+def _history(said: list[tuple[str, str]]) -> list[conversations.Turn]:
+    """The conversation before the question: each user message a turn, answered by the
+    assistant messages after it (their citation markers removed). System and developer
+    messages are instructions, never a question or a turn; tool messages are not turns."""
+    turns: list[conversations.Turn] = []
+    for role, text in said:
+        if role == "user":
+            turns.append(conversations.Turn(question=text.strip(), answer=""))
+        elif turns:
+            previous = turns[-1]
+            reply = conversations.text_without_markers(text)
+            answer = f"{previous.answer}\n{reply}".strip() if previous.answer else reply
+            turns[-1] = conversations.Turn(question=previous.question, answer=answer)
+    return [turn for turn in turns if turn.question]
+
+
 def _positive_int(body: dict, name: str) -> int | None:
     value = body.get(name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -98,15 +118,18 @@ def request_parse(body) -> ChatRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "messages must be a non-empty list of {role, content} objects")
-    question = None
+    said: list[tuple[str, str]] = []  # (role, text) of the user's and the assistant's messages, in order
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             raise invalid(f"messages[{index}]", f"each message needs a role among {', '.join(ROLES)}")
         text = _text_of(message.get("content"), index)
-        if message["role"] == "user":
-            question = text
-    if question is None or not question.strip():
+        if message["role"] in ("user", "assistant"):
+            said.append((message["role"], text))
+    last_user = max((i for i, (role, _) in enumerate(said) if role == "user"), default=None)
+    if last_user is None or not said[last_user][1].strip():
         raise invalid("messages", "the messages need a user message with the question (the last one is answered)")
+    question = said[last_user][1]
+    history = _history(said[:last_user])
 
     for name in UNSUPPORTED:
         if body.get(name):
@@ -149,6 +172,7 @@ def request_parse(body) -> ChatRequest:
     return ChatRequest(
         model=model.strip(),
         question=question,
+        history=history,
         stream=bool(stream),
         include_usage=include_usage,
         max_tokens=max_completion_tokens if max_completion_tokens is not None else max_tokens,
@@ -229,6 +253,7 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
             temperature=chat.temperature,
             speculative=options,
             plan=plan,
+            history=chat.history,
         )
     except answers.AnswerError as exc:
         param = _PARAMS.get(exc.field, exc.field)
@@ -320,6 +345,8 @@ class ChatCompletion:
             inference_ms = stats.get("total_ms")
         stored = stats.get("answer") or {}
         return {
+            # What retrieval searched for: the question, or the follow-up read with the turns before it.
+            "retrieval_query": self.answer.retrieval_query,
             "citations": self.citations(stats),
             "abstained": stored.get("abstained", False),
             "grounded": stored.get("grounded"),

@@ -718,6 +718,49 @@ def test_a_generated_answer_that_nothing_supports_is_answered_with_the_sources_o
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+def test_a_follow_up_is_generated_with_the_turns_before_it_each_turn_billed_once(workers, db, upstream_server):
+    from search.conversations import text_without_markers
+    from tests.search.test_conversations import FIRST, FOLLOW_UP, TRAVEL
+
+    workspace = workspace_create(name="Travel", slug="travel")
+    ingest(collection_create(workspace=workspace, name="Handbook"), TRAVEL)
+    _, api_key = remote_provider(upstream_server, max_tokens=64)
+    first = answer_create(workspace=workspace, question=f"{FIRST}\nREPLY: It is a daily amount for trips [1].")
+    read_stream(first)
+    first = wait_for_answer(first.pk)
+    assert first.status == Answer.Status.DONE, first.error
+    follow = answer_create(
+        workspace=workspace,
+        question=f"{FOLLOW_UP}\nREPLY: It is EUR 90 a day in Berlin [1].",
+        conversation=first.conversation,
+    )
+    read_stream(follow)
+    follow = wait_for_answer(follow.pk)
+    assert follow.status == Answer.Status.DONE, follow.error
+
+    # Retrieved for with the earlier question's words, and answered from the per-diem passage.
+    assert follow.stats["followup"]["method"] == "terms"
+    assert {"per-diem", "allowance"} <= set(follow.stats["followup"]["terms"])
+    assert _files_by_number(follow)[1] == "per_diem.md"
+    assert follow.text == "It is EUR 90 a day in Berlin [1]."
+    # The prompt: the instructions, the earlier turn (its answer without its markers), then
+    # the sources and the follow-up.
+    seen_first, seen_follow = upstream_log(upstream_server, api_key)
+    assert [m["role"] for m in seen_first["messages"]] == ["system", "user"]
+    assert seen_follow["messages"][1:3] == [
+        {"role": "user", "content": first.question},
+        {"role": "assistant", "content": text_without_markers(first.text)},
+    ]
+    assert [m["role"] for m in seen_follow["messages"]] == ["system", "user", "assistant", "user"]
+    assert seen_follow["messages"][3]["content"].endswith(f"Question: {follow.question}")
+    assert follow.stats["context"]["history_turns"] == 1 and follow.stats["context"]["history_left_out"] == 0
+    # One ledger row per generation, one generation per turn.
+    assert [ledger_row(answer.pk).status for answer in (first, follow)] == ["ok", "ok"]
+    assert UsageRecord.objects.filter(request_id__in=[first.pk, follow.pk]).count() == 2
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
 def test_a_failed_generation_fails_the_answer_with_the_reason(workers, corpus, upstream_server):
     from tests.upstream_server import upstream_script
 

@@ -91,3 +91,32 @@ def test_the_upgrade_recomputes_bm25_as_ingestion_does_and_can_be_undone(collect
             query="what does the flow do", workspace=collection.workspace, mode="keyword", syntax="question"
         ).hits
     ] == ranked
+
+
+def test_answers_asked_before_conversations_become_conversations_of_one_turn(workspace):
+    from django.contrib.auth import get_user_model
+
+    from search.models import Answer, Conversation
+
+    ann = get_user_model().objects.create_user("ann")
+    before = [("search", "0007_answer_created_when_asked")]
+    try:
+        migrate(before)
+        old_answer = MigrationExecutor(connection).loader.project_state(before).apps.get_model("search", "Answer")
+        asked = old_answer.objects.create(
+            workspace_id=workspace.pk, asker_id=ann.pk, client_id="key-3", question="  How long\n does charging take? "
+        )
+        migrate_to_latest()
+        answer = Answer.objects.get(pk=asked.pk)
+        conversation = Conversation.objects.get(pk=asked.pk)  # the answer's own id
+        assert answer.conversation == conversation
+        assert answer.retrieval_query == answer.question == "  How long\n does charging take? "
+        assert (conversation.title, conversation.owner, conversation.client_id, conversation.workspace) == (
+            "How long does charging take?",
+            ann,
+            "key-3",
+            workspace,
+        )
+        assert conversation.created_at == conversation.updated_at == answer.created_at
+    finally:
+        migrate_to_latest()

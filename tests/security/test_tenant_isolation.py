@@ -80,6 +80,7 @@ class Caller:
             "collection_id": str(self.b.collection.pk),
             "document_id": str(self.b.failed_document.pk),
             "answer_id": str(self.b.answer.pk),
+            "conversation_id": str(self.b.answer.conversation_id),
             "chunk_id": str(self.b.chunk.pk),
             "model_id": B_MODEL,
             "id": str(self.b.user.pk),  # admin: a user's password form
@@ -248,6 +249,19 @@ def api_answers(c: Caller, route: str) -> None:
     assert (refused.status_code, refused.json()["error"]["field"]) == (400, "collections")
 
 
+def api_conversations(c: Caller, route: str) -> None:
+    listed = c.call(c.key, "GET", "/api/v1/conversations").json()
+    assert [item["id"] for item in listed["results"]] == [str(c.a.answer.conversation_id)], listed
+    created = c.call(c.key, "POST", "/api/v1/conversations", {}, format="json")
+    assert created.status_code == 201, created.text
+    # A question may not continue B's conversation: not found, as one that never existed.
+    for conversation in (c.b.answer.conversation_id, "00000000-0000-0000-0000-000000000000"):
+        asked = {"question": SECRET_SENTENCE, "conversation": str(conversation)}
+        refused = c.call(c.key, "POST", "/api/v1/answers", asked, format="json", sent=SECRET_SENTENCE)
+        assert (refused.status_code, refused.json()["error"]["code"]) == (404, "not_found"), refused.text
+    assert c.b.answer.conversation.answers.count() == 1
+
+
 def api_usage(c: Caller, route: str) -> None:
     record(c.a.key, tokens=(10, 5))
     record(c.b.key, tokens=(1000, 500))
@@ -397,6 +411,8 @@ ROUTES: dict[str, Probe] = {
     "api/v1/answers": api_answers,
     "api/v1/answers/<uuid:answer_id>": api_not_found("GET"),
     "api/v1/answers/<uuid:answer_id>/stream": api_not_found("GET"),
+    "api/v1/conversations": api_conversations,
+    "api/v1/conversations/<uuid:conversation_id>": api_not_found("GET", "PATCH", "DELETE"),
     "api/v1/usage": api_usage,
     "api/^v1/": api_unknown,
     "api/schema/": public("GET", "/api/schema/", 200),

@@ -107,6 +107,35 @@ def test_a_chat_completion_is_the_extractive_answer_with_its_citations(site, wor
     assert completion.speculative is None  # no engine ran, so none reported anything
 
 
+def test_the_messages_are_the_conversation_and_a_follow_up_cites_what_it_needs(site, db):
+    from search.models import Document
+    from tests.search.test_conversations import FIRST, FOLLOW_UP, TRAVEL
+
+    workspace = workspace_create(name="Travel", slug="travel")
+    ingest(collection_create(workspace=workspace, name="Handbook"), TRAVEL)
+    client = client_for(site, key_for(workspace, "generate"))
+    first = client.chat.completions.create(model="extractive", messages=[{"role": "user", "content": FIRST}])
+    assert first.retrieval_query == FIRST
+    messages = [
+        {"role": "system", "content": "Answer in one sentence."},  # an instruction: no question, no turn
+        {"role": "user", "content": FIRST},
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": FOLLOW_UP},
+    ]
+    follow = client.chat.completions.create(model="extractive", messages=messages)
+    answer = answer_of(follow.id)
+    assert (answer.question, answer.retrieval_query) == (FOLLOW_UP, f"{FOLLOW_UP} travel policy per-diem allowance")
+    assert follow.retrieval_query == answer.retrieval_query
+    assert answer.stats["followup"]["method"] == "terms"
+    # The passage the follow-up needs: the per-diem allowance in Berlin.
+    per_diem = Document.objects.get(collection__workspace=workspace, source_name="per_diem.md")
+    assert follow.citations[0]["document_id"] == per_diem.pk
+    assert "EUR 90 a day in Berlin" in follow.choices[0].message.content
+    # Each request is a conversation of its own: the messages carry the history, not the server.
+    assert answer.conversation_id != answer_of(first.id).conversation_id
+    assert answer.conversation.answers.count() == 1
+
+
 def test_a_streamed_chat_completion_ends_with_the_usage_chunk(site, workspace):
     client = client_for(site, key_for(workspace, "generate"))
     stream = client.chat.completions.create(
