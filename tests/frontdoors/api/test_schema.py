@@ -22,6 +22,8 @@ ENDPOINTS = {
     "/api/v1/answers": {"post"},
     "/api/v1/answers/{answer_id}": {"get"},
     "/api/v1/answers/{answer_id}/stream": {"get"},
+    "/api/v1/conversations": {"get", "post"},
+    "/api/v1/conversations/{conversation_id}": {"get", "patch", "delete"},
     "/api/v1/usage": {"get"},
 }
 
