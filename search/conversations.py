@@ -52,10 +52,9 @@ class ConversationError(DomainError, ValueError):
 
 
 class ConversationNotFound(DomainError):
-    """No such conversation for this caller: the same words whether it is someone else's or nobody's."""
+    """A request named a conversation that is not the caller's: the same words whether it is
+    someone else's or nobody's (a 400 naming the field, as for collections)."""
 
-    code = "not_found"
-    status = 404
     field = "conversation"
 
 
@@ -112,7 +111,7 @@ def conversation_of(workspace: Workspace | int, client_id: str, conversation_id)
     """The caller's conversation, or ``ConversationNotFound``."""
     conversation = conversations_owned(workspace, client_id).filter(pk=conversation_id).first()
     if conversation is None:
-        raise ConversationNotFound(f"no conversation {conversation_id} of yours in this workspace")
+        raise ConversationNotFound(f"No conversation {conversation_id} of yours in this workspace.")
     return conversation
 
 

@@ -322,7 +322,7 @@ class Answer(models.Model):
                 id=self.id,
                 workspace_id=self.workspace_id,
                 owner_id=self.asker_id,
-                client_id=self.client_id,
+                client_id=self.client_id or (str(self.asker_id) if self.asker_id else ""),
                 title=" ".join(self.question.split())[:200],
                 created_at=self.created_at,
                 updated_at=self.created_at,

@@ -544,15 +544,17 @@ class ConversationDetailView(ApiView):
     @extend_schema(
         operation_id="conversations_rename",
         summary="Rename a conversation",
-        description="Scope: generate.",
+        description="Scope: generate. A body without `title` changes nothing.",
         request=api.ConversationRenameSerializer,
         responses={200: api.ConversationSerializer, **error_responses(415)},
     )
     def patch(self, request, conversation_id):
         conversation = _conversation(self, conversation_id)  # another's is not found, whatever the body
-        serializer = api.ConversationRenameSerializer(data=request.data)
+        # PATCH: the fields given change, and a body without any changes nothing.
+        serializer = api.ConversationRenameSerializer(data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
-        conversation = conversation_rename(conversation=conversation, title=serializer.validated_data["title"])
+        if "title" in serializer.validated_data:
+            conversation = conversation_rename(conversation=conversation, title=serializer.validated_data["title"])
         return Response(api.ConversationSerializer(conversation, context=self.get_serializer_context()).data)
 
     @extend_schema(

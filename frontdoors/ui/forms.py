@@ -7,6 +7,7 @@ from django import forms
 from django.conf import settings
 
 from search.answers import QUESTION_MAX_CHARS
+from search.conversations import TITLE_MAX_CHARS
 from search.models import Collection
 from search.scoping import in_workspaces
 
@@ -32,6 +33,8 @@ class SearchForm(forms.Form):
         label="Collection", queryset=Collection.objects.none(), required=False, empty_label="All collections"
     )
     mode = forms.ChoiceField(label="Search mode", choices=MODE_CHOICES, required=False, initial="hybrid")
+    # A follow-up: the conversation the question continues (the thread's box under its last answer).
+    conversation = forms.UUIDField(required=False, widget=forms.HiddenInput)
 
     def __init__(self, *args, workspace, **kwargs):
         super().__init__(*args, **kwargs)
@@ -80,3 +83,7 @@ class UploadForm(forms.Form):
         self.fields["files"].widget.attrs["aria-describedby"] = "files-help"  # the help text's element
         if len(collections) == 1:
             self.fields["collection"].initial = collections[0].pk
+
+
+class ConversationRenameForm(forms.Form):
+    title = forms.CharField(label="Title", max_length=TITLE_MAX_CHARS)

@@ -18,18 +18,19 @@ import redis
 from asgiref.sync import sync_to_async
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Count
+from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from frontdoors.ui.forms import MODE_CHOICES, SearchForm, UploadForm
+from frontdoors.ui.forms import MODE_CHOICES, ConversationRenameForm, SearchForm, UploadForm
 from frontdoors.ui.rendering import answer_html, passage_context, sources_by_number
 from frontdoors.ui.workspaces import member_required, workspace_choose
 from inference.errors import RouteUnavailable
 from ragsite.errors import DomainError
+from search import conversations
 from search.answers import QUIET, answer_create, answer_events, event_id_valid
 from search.models import Answer, Chunk, Document
 from search.scoping import in_workspaces, workspaces_visible_to
@@ -104,11 +105,17 @@ def ask(request):
     if not form.is_valid():
         return _ask_refused(request, _form_errors(form), status=422)
     try:
+        conversation = None
+        if form.cleaned_data.get("conversation"):
+            conversation = conversations.conversation_of(
+                request.workspace, str(request.user.pk), form.cleaned_data["conversation"]
+            )
         answer = answer_create(
             workspace=request.workspace,
             question=form.cleaned_data["q"],
             collections=form.collection_ids(),
             asker=request.user,
+            conversation=conversation,
         )
     except RouteUnavailable as exc:
         return _ask_refused(request, f"No model can answer now: {exc}", status=503)
@@ -142,22 +149,75 @@ def _answer_context(answer: Answer, *, stream: bool) -> dict:
 @require_GET
 @member_required
 def answer_detail(request, answer_id):
-    answer = get_object_or_404(in_workspaces(Answer, request.workspaces), pk=answer_id)
-    context = _answer_context(answer, stream=answer.status not in FINAL_ANSWER_STATUSES)
-    return render(request, "search/answer.html", context)
+    """An answer in its conversation's thread: every turn in order (those still generating
+    stream), and for the conversation's owner a box for the next question under the last."""
+    answer = get_object_or_404(in_workspaces(Answer, request.workspaces).select_related("conversation"), pk=answer_id)
+    conversation = answer.conversation
+    turns = [
+        {**_answer_context(turn, stream=turn.status not in FINAL_ANSWER_STATUSES), "current": turn.pk == answer.pk}
+        for turn in conversations.conversation_turns(conversation).select_related("asker")
+    ]
+    owner = conversation.client_id == str(request.user.pk) and conversation.workspace_id == request.workspace.pk
+    return render(
+        request,
+        "search/answer.html",
+        {
+            **_answer_context(answer, stream=answer.status not in FINAL_ANSWER_STATUSES),
+            "conversation": conversation,
+            "turns": turns,
+            "owner": owner,
+            "follow_up_form": SearchForm(initial={"conversation": conversation.pk}, workspace=request.workspace)
+            if owner
+            else None,
+            "rename_form": ConversationRenameForm(initial={"title": conversation.title}) if owner else None,
+        },
+    )
+
+
+def _conversations_of(request):
+    return conversations.conversations_owned(request.workspace, str(request.user.pk))
 
 
 @require_GET
 @member_required
 def answers(request):
-    """The user's questions in the current workspace, newest first."""
-    mine = (
+    """The user's conversations in the current workspace, the latest turn first, each linked
+    to its last answer."""
+    latest = (
         in_workspaces(Answer, request.workspace)
-        .filter(asker=request.user)
-        .only("id", "question", "status", "mode", "created_at")
+        .filter(conversation=OuterRef("pk"))
+        .order_by("-created_at", "-pk")
+        .values("pk")[:1]
     )
-    page = Paginator(mine, ANSWERS_PER_PAGE).get_page(request.GET.get("page"))
+    mine = _conversations_of(request).annotate(turn_count=Count("answers"), latest_answer=Subquery(latest))
+    page = Paginator(mine.filter(turn_count__gt=0), ANSWERS_PER_PAGE).get_page(request.GET.get("page"))
     return render(request, "search/answers.html", {"page": page})
+
+
+@require_POST
+@member_required
+def conversation_rename_view(request, conversation_id):
+    conversation = get_object_or_404(_conversations_of(request), pk=conversation_id)
+    form = ConversationRenameForm(request.POST)
+    try:
+        if not form.is_valid():
+            raise conversations.ConversationError("title", _form_errors(form))
+        conversations.conversation_rename(conversation=conversation, title=form.cleaned_data["title"])
+        messages.success(request, "Conversation renamed.")
+    except conversations.ConversationError as exc:
+        messages.error(request, f"Not renamed: {exc}")
+    latest = conversations.conversation_turns(conversation).last()
+    return redirect("ui:answer", answer_id=latest.pk) if latest is not None else redirect("ui:answers")
+
+
+@require_POST
+@member_required
+def conversation_delete_view(request, conversation_id):
+    conversation = get_object_or_404(_conversations_of(request), pk=conversation_id)
+    title = conversation.title
+    conversations.conversation_delete(conversation=conversation)
+    messages.success(request, f"Deleted the conversation “{title}” and its answers.")
+    return redirect("ui:answers")
 
 
 @require_GET

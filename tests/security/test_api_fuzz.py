@@ -72,9 +72,14 @@ OPERATIONS = {
     "POST /api/v1/answers",
     "GET /api/v1/answers/{answer_id}",
     "GET /api/v1/answers/{answer_id}/stream",
+    "GET /api/v1/conversations",
+    "POST /api/v1/conversations",
+    "GET /api/v1/conversations/{conversation_id}",
+    "PATCH /api/v1/conversations/{conversation_id}",
+    "DELETE /api/v1/conversations/{conversation_id}",
     "GET /api/v1/usage",
 }
-ID_PARAMETERS = ("collection_id", "document_id", "answer_id")
+ID_PARAMETERS = ("collection_id", "document_id", "answer_id", "conversation_id")
 
 # 400s for requests the schema describes as valid that no schema can express: names and ids
 # that must exist in this workspace or this PostgreSQL, and files whose content is refused.
@@ -83,6 +88,7 @@ SEMANTIC_REFUSALS = {
     ("route_not_found", "route"): "no enabled route named",
     ("invalid_request", "collection"): "No collection",
     ("invalid_request", "collections"): "No collection",
+    ("invalid_request", "conversation"): "No conversation",
     ("invalid_request", "text_search_config"): "PostgreSQL has no text-search configuration",
     ("invalid_request", "embedding_model"): "",
     ("document_rejected", "files"): "",
@@ -125,6 +131,8 @@ def _with_known_ids(case, index: int):
                 values["collection"] = pick("collection_id")
             if "collections" in values:
                 values["collections"] = [pick("collection_id")]
+            if "conversation" in values:
+                values["conversation"] = pick("conversation_id")
     return case
 
 
@@ -153,6 +161,7 @@ def known_ids(tenant_pair):
         collection_id=[a.collection.pk],
         document_id=[*(document.pk for document in a.documents), a.failed_document.pk],
         answer_id=[str(a.answer.pk)],
+        conversation_id=[str(a.answer.conversation_id)],
     )
     yield
     KNOWN.clear()

@@ -254,11 +254,15 @@ def api_conversations(c: Caller, route: str) -> None:
     assert [item["id"] for item in listed["results"]] == [str(c.a.answer.conversation_id)], listed
     created = c.call(c.key, "POST", "/api/v1/conversations", {}, format="json")
     assert created.status_code == 201, created.text
-    # A question may not continue B's conversation: not found, as one that never existed.
+    # A question may not continue B's conversation: refused as one that never existed.
     for conversation in (c.b.answer.conversation_id, "00000000-0000-0000-0000-000000000000"):
         asked = {"question": SECRET_SENTENCE, "conversation": str(conversation)}
         refused = c.call(c.key, "POST", "/api/v1/answers", asked, format="json", sent=SECRET_SENTENCE)
-        assert (refused.status_code, refused.json()["error"]["code"]) == (404, "not_found"), refused.text
+        assert refused.json()["error"] == {
+            "code": "invalid_request",
+            "message": f"No conversation {conversation} of yours in this workspace.",
+            "field": "conversation",
+        }, refused.text
     assert c.b.answer.conversation.answers.count() == 1
 
 
@@ -294,7 +298,8 @@ def openai_model(c: Caller, route: str) -> None:
 
 def openai_chat(c: Caller, route: str) -> None:
     body = {"model": "extractive", "messages": [{"role": "user", "content": SECRET_SENTENCE}]}
-    response = c.call(c.key, "POST", "/v1/chat/completions", body, format="json")
+    # The response echoes the question as what was retrieved for (retrieval_query): A's own words.
+    response = c.call(c.key, "POST", "/v1/chat/completions", body, format="json", sent=SECRET_SENTENCE)
     assert response.status_code == 200, response.text
     completion = response.json()
     a_documents = {document.pk for document in c.a.documents}
@@ -385,6 +390,8 @@ ROUTES: dict[str, Probe] = {
     "": ui_search,
     "ask/": ui_ask,
     "answers/": ui_list("/answers/", lambda tenant: tenant.answer.question),
+    "conversations/<uuid:conversation_id>/rename/": ui_not_found("POST"),
+    "conversations/<uuid:conversation_id>/delete/": ui_not_found("POST"),
     "answers/<uuid:answer_id>/": ui_not_found("GET"),
     "answers/<uuid:answer_id>/events/": ui_not_found("GET"),
     "passages/<int:chunk_id>/": ui_not_found("GET"),
@@ -483,7 +490,7 @@ def test_front_doors_read_tenant_rows_only_through_their_workspace_path():
     from tests.conftest import PROJECT_ROOT
 
     tenant_models = sorted(model.__name__ for model in apps.get_models() if hasattr(model, "workspace_path"))
-    assert tenant_models == ["Answer", "Chunk", "Collection", "Document"]
+    assert tenant_models == ["Answer", "Chunk", "Collection", "Conversation", "Document"]
     models = "|".join(tenant_models)
     # A manager (``Answer.objects``), or a shortcut given the model itself, which queries its
     # default manager (``get_object_or_404(Answer, ...)``): both read rows of every tenant.

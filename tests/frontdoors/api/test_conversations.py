@@ -73,10 +73,13 @@ def test_a_key_sees_only_its_own_conversations(travel, make_key, client_for):
     refused = mine.post(
         "/api/v1/answers", {"question": FOLLOW_UP, "conversation": their_answer["conversation"]}, format="json"
     )
-    assert (refused.status_code, refused.json()["error"]["code"], refused.json()["error"]["field"]) == (
-        404,
-        "not_found",
-        "conversation",
+    assert (refused.status_code, refused.json()["error"]) == (
+        400,
+        {
+            "code": "invalid_request",
+            "message": f"No conversation {their_answer['conversation']} of yours in this workspace.",
+            "field": "conversation",
+        },
     )
     assert Conversation.objects.get(pk=their_answer["conversation"]).answers.count() == 1
 
@@ -84,9 +87,11 @@ def test_a_key_sees_only_its_own_conversations(travel, make_key, client_for):
 def test_bad_conversation_requests_name_the_field(travel, make_key, client_for):
     api = client_for(make_key("generate"))
     url = api.post("/api/v1/conversations", {"title": "Trip"}, format="json").json()["url"]
-    for body, field in (({"title": "   "}, "title"), ({"title": "x" * 201}, "title"), ({}, "title")):
+    for body in ({"title": "   "}, {"title": "x" * 201}, {"title": None}):
         response = api.patch(url, body, format="json")
-        assert (response.status_code, response.json()["error"]["field"]) == (400, field), body
+        assert (response.status_code, response.json()["error"]["field"]) == (400, "title"), body
+    unchanged = api.patch(url, {}, format="json")  # PATCH: nothing given, nothing changed
+    assert (unchanged.status_code, unchanged.json()["title"]) == (200, "Trip")
     response = api.post("/api/v1/answers", {"question": FIRST, "conversation": "not-a-uuid"}, format="json")
     assert (response.status_code, response.json()["error"]["field"]) == (400, "conversation")
     # A key without the generate scope has no conversations.

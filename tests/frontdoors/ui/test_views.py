@@ -192,7 +192,7 @@ def test_a_stored_answer_links_its_citations_and_escapes_its_text(client, tenant
     assert "data-answer-stream" in client.get(reverse("ui:answer", args=[pending.pk])).content.decode()
 
 
-def test_recent_questions_are_the_users_own_newest_first(client, tenants):
+def test_the_conversations_listed_are_the_users_own_latest_first(client, tenants):
     older = answer_in(tenants.acme, tenants.ann, question="First question?")
     newer = answer_in(tenants.acme, tenants.ann, question="Second question?")
     answer_in(tenants.acme, tenants.carol, question="Carol's question?")
@@ -344,3 +344,69 @@ def test_a_superuser_without_memberships_sees_every_workspace(client, db):
 
     assert page.status_code == 200
     assert {w.slug for w in page.context["request"].workspaces} >= {first.slug, "zeta-superuser"}
+
+
+# --------------------------------------------------------------------------- conversations
+
+
+def test_a_follow_up_continues_the_thread_which_survives_a_reload_and_is_listed(client, tenants):
+    from search.models import Conversation
+    from tests.search.test_conversations import FIRST, FOLLOW_UP, TRAVEL
+
+    ingest(tenants.manuals, TRAVEL)
+    client.force_login(tenants.ann)
+    manuals = tenants.manuals.pk
+    asked = client.post(reverse("ui:ask"), {"q": FIRST, "collection": manuals})
+    first = Answer.objects.get(question=FIRST)
+    assert asked["Location"] == reverse("ui:answer", args=[first.pk])
+    page = client.get(asked["Location"]).content.decode()
+    # Under the answer, a box for the next question of this conversation.
+    assert f'name="conversation" value="{first.conversation_id}"' in page and 'action="/ask/"' in page
+
+    followed = client.post(
+        reverse("ui:ask"), {"q": FOLLOW_UP, "collection": manuals, "conversation": first.conversation_id}
+    )
+    follow = Answer.objects.get(question=FOLLOW_UP)
+    assert followed["Location"] == reverse("ui:answer", args=[follow.pk])
+    assert follow.conversation_id == first.conversation_id
+    assert follow.retrieval_query == f"{FOLLOW_UP} travel policy per-diem allowance"
+    # The thread, from the database (a reload shows the same): both turns in order, the
+    # follow-up's search shown, its answer quoting the per-diem passage.
+    page = client.get(followed["Location"]).content.decode()
+    assert page.index(f'id="turn-{first.pk}"') < page.index(f'id="turn-{follow.pk}"')
+    assert f'id="turn-{follow.pk}" aria-current="true"' in page
+    assert f"Searched for:</span> {follow.retrieval_query}" in page
+    assert "EUR 90 a day in Berlin" in page
+
+    def without_tokens(html: str) -> str:
+        return re.sub(r'name="csrfmiddlewaretoken" value="[^"]+"', "", html)
+
+    assert without_tokens(client.get(followed["Location"]).content.decode()) == without_tokens(page)
+    listed = client.get(reverse("ui:answers")).content.decode()
+    assert listed.count(f'href="/answers/{follow.pk}/"') == 1 and f"/answers/{first.pk}/" not in listed
+    assert f"{FIRST}</a>" in listed and "2 questions" in listed
+    assert Conversation.objects.filter(workspace=tenants.acme).count() == 1
+
+
+def test_a_conversation_is_renamed_and_deleted_by_its_owner_only(client, tenants):
+    from search.models import Conversation
+
+    answer = answer_in(tenants.acme, tenants.ann, question="First question?")
+    conversation = answer.conversation
+    client.force_login(tenants.carol)  # a member of the workspace, not the conversation's owner
+    page = client.get(reverse("ui:answer", args=[answer.pk])).content.decode()
+    assert 'name="conversation"' not in page and "Rename or delete" not in page
+    assert client.post(reverse("ui:conversation_rename", args=[conversation.pk]), {"title": "Mine"}).status_code == 404
+    assert client.post(reverse("ui:conversation_delete", args=[conversation.pk])).status_code == 404
+    refused = client.post(reverse("ui:ask"), {"q": "And then?", "conversation": conversation.pk})
+    assert refused.status_code == 302 and not Answer.objects.filter(question="And then?").exists()
+
+    client.force_login(tenants.ann)
+    renamed = client.post(reverse("ui:conversation_rename", args=[conversation.pk]), {"title": "  Battery  life "})
+    assert renamed["Location"] == reverse("ui:answer", args=[answer.pk])
+    assert Conversation.objects.get(pk=conversation.pk).title == "Battery life"
+    assert "<h1>Battery life</h1>" in client.get(renamed["Location"]).content.decode()
+    deleted = client.post(reverse("ui:conversation_delete", args=[conversation.pk]))
+    assert deleted["Location"] == reverse("ui:answers")
+    assert not Conversation.objects.filter(pk=conversation.pk).exists()
+    assert not Answer.objects.filter(pk=answer.pk).exists()
