@@ -158,6 +158,8 @@ def answer_detail(request, answer_id):
         for turn in conversations.conversation_turns(conversation).select_related("asker")
     ]
     owner = conversation.client_id == str(request.user.pk) and conversation.workspace_id == request.workspace.pk
+    # A follow-up searches what the last turn searched, when that was one collection.
+    last_collections = list(turns[-1]["answer"].collections.values_list("pk", flat=True)) if turns else []
     return render(
         request,
         "search/answer.html",
@@ -169,6 +171,7 @@ def answer_detail(request, answer_id):
             "follow_up_form": SearchForm(initial={"conversation": conversation.pk}, workspace=request.workspace)
             if owner
             else None,
+            "follow_up_collection": last_collections[0] if len(last_collections) == 1 else None,
             "rename_form": ConversationRenameForm(initial={"title": conversation.title}) if owner else None,
         },
     )

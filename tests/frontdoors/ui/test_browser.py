@@ -24,6 +24,8 @@ from search.models import Answer, Chunk
 from search.services import collection_create, workspace_create
 from tests.browser import console_errors, wait_until
 from tests.frontdoors.ui.conftest import PASSWORD, member
+from tests.search.files import ingest_texts as ingest
+from tests.search.test_conversations import FIRST, FOLLOW_UP, TRAVEL
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # the server sees committed rows
 
@@ -99,12 +101,45 @@ def test_log_in_upload_search_ask_and_open_a_citation(browser, start_web, start_
         browser.switch_to.active_element.send_keys(Keys.ESCAPE)
         wait_until(browser, shown.invisibility_of_element_located((By.ID, "passage-dialog")))
 
+        # A conversation: a question, then a follow-up that only makes sense with it, asked
+        # under the answer on its page; the follow-up's answer cites the passage it needs,
+        # and the thread is the same after a reload, and listed.
+        travel = collection_create(workspace=workspace, name="Travel")
+        ingest(travel, TRAVEL)
+        browser.get(f"{base_url}/?collection={travel.pk}")
+        browser.find_element(By.ID, "id_q").send_keys(FIRST)
+        browser.find_element(By.XPATH, "//button[normalize-space()='Ask']").click()
+        wait_until(
+            browser, shown.presence_of_element_located((By.CSS_SELECTOR, "#answer-panel .answer[data-state='done']"))
+        )
+        browser.find_element(By.LINK_TEXT, "Link to this answer").click()
+        browser.find_element(By.ID, "follow-up-q").send_keys(FOLLOW_UP, Keys.ENTER)
+        wait_until(
+            browser,
+            shown.text_to_be_present_in_element((By.CSS_SELECTOR, ".turn-current [data-answer-status]"), "Done."),
+        )
+        follow = browser.find_element(By.CSS_SELECTOR, ".turn-current .answer")
+        assert "EUR 90 a day in Berlin" in follow.find_element(By.CSS_SELECTOR, "[data-answer-text]").text
+        assert "Searched for: How much is it in Berlin? travel policy per-diem allowance" in follow.text
+        cited = follow.find_element(By.CSS_SELECTOR, "a.cite").get_attribute("href")
+        per_diem = Chunk.objects.get(document__collection=travel, document__source_name="per_diem.md")
+        assert cited.endswith(f"/passages/{per_diem.pk}/")
+        assert follow.find_element(By.CSS_SELECTOR, ".sources summary").text == "Sources (3)"  # the same collection
+        questions = [q.text for q in browser.find_elements(By.CSS_SELECTOR, ".thread .question")]
+        assert questions == [f"Question: {FIRST}", f"Question: {FOLLOW_UP}"]
+        browser.save_screenshot(str(ARTIFACTS / "conversation.png"))
+        browser.refresh()
+        assert [q.text for q in browser.find_elements(By.CSS_SELECTOR, ".thread .question")] == questions
+        browser.find_element(By.LINK_TEXT, "Conversations").click()
+        listed = browser.find_element(By.CSS_SELECTOR, ".answer-list li")
+        assert FIRST in listed.text and "2 questions" in listed.text
+
         browser.set_window_size(390, 844)  # a phone
         browser.save_screenshot(str(ARTIFACTS / "search-phone.png"))
         print(f"phone-width screenshot: {ARTIFACTS / 'search-phone.png'}")
 
         # An answer still being written streams on its own page, and can be stopped.
-        chunk = Chunk.objects.get()
+        chunk = Chunk.objects.get(document__collection__name="Handbook")
         pending = Answer.objects.create(
             workspace=workspace,
             asker=ann,
