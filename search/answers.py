@@ -53,6 +53,7 @@ from datetime import timedelta
 
 import redis
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -69,7 +70,7 @@ from ragsite.errors import DomainError
 from ragsite.logs import request_received_at
 from ragsite.outages import outage_of
 from ragsite.redis import redis_async_client, redis_client
-from search import abstention, conversations, prompting
+from search import abstention, conversations, prompting, rewriting
 from search.embedders import DEFAULT_EMBEDDER
 from search.extractive import extractive_answer
 from search.models import Answer, Chunk, Collection, Conversation, Workspace
@@ -256,11 +257,11 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     if plan is None and client_key is not None:
         _admit_extractive(client_key, answer.question)
 
-    retrieve_started = time.perf_counter()
     if answer.history and collections:
-        reading = conversations.followup_terms(answer.question, answer.history, collections)
+        reading = _followup_read(answer, collections, plan, client_key, temperature)
         answer.retrieval_query = reading.query
         answer.stats["followup"] = reading.as_record()
+    retrieve_started = time.perf_counter()
     if collections:
         try:
             result = chunk_search(
@@ -350,6 +351,33 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
             **common,
         )
     return answer
+
+
+def _followup_read(answer, collections, plan, client_key, temperature) -> conversations.FollowupReading:
+    """How a follow-up is retrieved for: rewritten by the plan's model when there is one
+    (``search.rewriting``), else, or when the rewrite fails or is late, the term-based
+    reading, which then says why the rewrite was not used."""
+    fallback, rewrite_ms = "", None
+    if plan is not None and settings.FOLLOWUP_REWRITE:
+        started = time.perf_counter()
+        try:
+            query = rewriting.followup_rewrite(
+                answer.question,
+                answer.history,
+                plan,
+                lambda planned, request, **submit: _submit_admitted(client_key, planned, request, **submit),
+                workspace_id=answer.workspace_id,
+                user_id=answer.asker_id,
+                client_key_id=client_key.pk if client_key is not None else None,
+            )
+            answer.timings["rewrite_ms"] = _ms_since(started)
+            return conversations.FollowupReading(query=query, method="model", rewrite_ms=answer.timings["rewrite_ms"])
+        except rewriting.RewriteFailed as exc:
+            fallback, rewrite_ms = str(exc), _ms_since(started)
+            answer.timings["rewrite_ms"] = rewrite_ms
+            logger.info("answer %s: follow-up read by its terms: %s", answer.id, fallback)
+    reading = conversations.followup_terms(answer.question, answer.history, collections)
+    return replace(reading, fallback=fallback, rewrite_ms=rewrite_ms)
 
 
 def _admit_extractive(client_key: ClientKey, question: str) -> None:

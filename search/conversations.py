@@ -6,11 +6,14 @@ workspace; each answer is one of its turns. ``conversation_create``, ``conversat
 ``conversations_owned`` the one listing.
 
 A follow-up ("And in Berlin?") is retrieved for as a standalone question. ``followup_terms``
-builds it without a model: the follow-up, then the earlier questions' most telling words
-(highest IDF in the collections searched, not already in the follow-up), the latest turn's
-first, at most ``TERMS_MAX`` of them. ``search.answers`` asks the route's model for a
-rewrite first when the route can (``search.rewriting``) and falls back to these terms when
-it cannot, saying so in ``Answer.stats["followup"]``.
+builds it without a model: the latest earlier question whole, then the follow-up, then the
+older questions' most telling words (highest IDF in the collections searched, not already
+there, a turn further back weighing half), at most ``TERMS_MAX`` of them. The latest question
+whole rather than its words: measured on Cranfield's conversational sets, its words alone
+lost the dense half of retrieval (an embedding of a follow-up with words appended is not one
+of a question; docs/benchmarks.md, "Conversational retrieval"). ``search.answers`` asks the
+route's model for a rewrite first when there is one (``search.rewriting``) and falls back to
+this reading when the rewrite fails or is late, saying so in ``Answer.stats["followup"]``.
 
 ``history_for_prompt`` gives the earlier turns (questions and answers, their citation markers
 removed: the sources they cited are not in this prompt) for ``search.prompting``, which packs
@@ -212,8 +215,10 @@ def word_weights(words: list[str], collections: list[Collection]) -> dict[str, t
         cursor.execute(
             """
             WITH words AS (
+                -- A word analysed into several lexemes (a hyphenated one) is read as its longest.
                 SELECT w.word, (SELECT u.lexeme FROM unnest(search_tsvector(%(config)s::regconfig, w.word)) u
-                                WHERE search_bm25_lexeme(u.lexeme) LIMIT 1) AS lexeme
+                                WHERE search_bm25_lexeme(u.lexeme)
+                                ORDER BY length(u.lexeme) DESC, u.lexeme LIMIT 1) AS lexeme
                 FROM unnest(%(words)s::text[]) AS w(word)
             ), total AS (
                 SELECT coalesce(sum(chunk_count), 0) AS n FROM search_collection WHERE id = ANY(%(collections)s)
@@ -232,26 +237,28 @@ def word_weights(words: list[str], collections: list[Collection]) -> dict[str, t
 
 
 def followup_terms(question: str, history: list[Turn], collections: list[Collection]) -> FollowupReading:
-    """The follow-up with the earlier questions' most telling words (see the module docstring)."""
+    """The latest earlier question whole, then the follow-up, then the older questions' most
+    telling words (see the module docstring)."""
     if not history:
         return FollowupReading(query=question, method="standalone")
-    earlier = [turn.question for turn in history[-TERMS_TURNS:]][::-1]  # the latest first
-    candidates = [_words(text) for text in earlier]
-    own = _words(question)
-    weights = word_weights(sorted({*own, *(word for words in candidates for word in words)}), collections)
-    present = {weights[word][0] for word in own if word in weights}
-    scored: dict[str, tuple[float, str]] = {}  # lexeme -> (score, the word as written)
-    for age, words in enumerate(candidates):
-        for word in words:
-            if word not in weights:
-                continue
-            lexeme, idf = weights[word]
-            if lexeme in present:
-                continue
-            score = idf * TERMS_TURN_DECAY**age
-            if score > scored.get(lexeme, (0.0, ""))[0]:
-                scored[lexeme] = (score, word)
-    chosen = sorted(scored.values(), key=lambda item: -item[0])[:TERMS_MAX]
-    terms = tuple(word for _, word in chosen)
-    query = f"{question.strip()} {' '.join(terms)}".strip()
+    latest, older = history[-1].question.strip(), [turn.question for turn in history[-TERMS_TURNS:-1]][::-1]
+    terms: tuple[str, ...] = ()
+    if older:
+        candidates = [_words(text) for text in older]  # the latest first
+        own = _words(question) + _words(latest)
+        weights = word_weights(sorted({*own, *(word for words in candidates for word in words)}), collections)
+        present = {weights[word][0] for word in own if word in weights}
+        scored: dict[str, tuple[float, str]] = {}  # lexeme -> (score, the word as written)
+        for age, words in enumerate(candidates):
+            for word in words:
+                if word not in weights:
+                    continue
+                lexeme, idf = weights[word]
+                if lexeme in present:
+                    continue
+                score = idf * TERMS_TURN_DECAY**age
+                if score > scored.get(lexeme, (0.0, ""))[0]:
+                    scored[lexeme] = (score, word)
+        terms = tuple(word for _, word in sorted(scored.values(), key=lambda item: -item[0])[:TERMS_MAX])
+    query = " ".join(part for part in (latest, question.strip(), " ".join(terms)) if part)
     return FollowupReading(query=query, method="terms", terms=terms)

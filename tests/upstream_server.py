@@ -46,6 +46,7 @@ Fault injection, per API key (so concurrent tests with different keys never inte
     - ``"end_after_tokens": N``: send N token chunks, then end the body cleanly without a
       finish_reason or ``[DONE]``;
     - ``"no_usage": true``: never send the usage chunk;
+    - ``"reply": "<text>"``: reply this text instead of the last user message's ``REPLY:`` line;
     - ``"loop": "<phrase>"``: a generation that repeats itself: the reply, a space, then the
       phrase again and again until ``max_tokens`` (4096 without one; ``finish_reason``
       "length"). With ``token_delay_ms`` the stream is paced, so that a client that stops
@@ -95,6 +96,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 STEP_KEYS = {
+    "reply",
     "status",
     "retry_after_ms",
     "retry_after",
@@ -368,7 +370,7 @@ class Handler(BaseHTTPRequestHandler):
                 STATE.finish(entry, "status 400")
                 return
 
-            text = reply_text(messages)
+            text = options["reply"] if isinstance(options.get("reply"), str) else reply_text(messages)
             if isinstance(options.get("loop"), str) and options["loop"].strip():
                 # At least one token per copy: enough copies to reach max_tokens.
                 copies = max_tokens if max_tokens is not None else LOOP_MAX_TOKENS

@@ -33,7 +33,7 @@ from search.services import collection_create, workspace_create
 from tests.conftest import celery_worker
 from tests.inference.routing_helpers import ledger_row
 from tests.search.files import ingest_texts as ingest
-from tests.upstream_server import upstream_log
+from tests.upstream_server import upstream_log, upstream_script
 
 DOCUMENTS = {
     "wing.md": "# Wing aerodynamics\n\nLift rises with the angle of attack until the wing stalls. "
@@ -718,7 +718,10 @@ def test_a_generated_answer_that_nothing_supports_is_answered_with_the_sources_o
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_follow_up_is_generated_with_the_turns_before_it_each_turn_billed_once(workers, db, upstream_server):
+def test_a_follow_up_is_generated_with_the_turns_before_it_each_turn_billed_once(
+    workers, db, upstream_server, settings
+):
+    settings.FOLLOWUP_REWRITE = False  # read by its terms: this test is about the prompt
     from search.conversations import text_without_markers
     from tests.search.test_conversations import FIRST, FOLLOW_UP, TRAVEL
 
@@ -739,8 +742,7 @@ def test_a_follow_up_is_generated_with_the_turns_before_it_each_turn_billed_once
     assert follow.status == Answer.Status.DONE, follow.error
 
     # Retrieved for with the earlier question's words, and answered from the per-diem passage.
-    assert follow.stats["followup"]["method"] == "terms"
-    assert {"per-diem", "allowance"} <= set(follow.stats["followup"]["terms"])
+    assert follow.stats["followup"] == {"method": "terms", "query": f"{first.question} {follow.question}"}
     assert _files_by_number(follow)[1] == "per_diem.md"
     assert follow.text == "It is EUR 90 a day in Berlin [1]."
     # The prompt: the instructions, the earlier turn (its answer without its markers), then
@@ -757,6 +759,119 @@ def test_a_follow_up_is_generated_with_the_turns_before_it_each_turn_billed_once
     # One ledger row per generation, one generation per turn.
     assert [ledger_row(answer.pk).status for answer in (first, follow)] == ["ok", "ok"]
     assert UsageRecord.objects.filter(request_id__in=[first.pk, follow.pk]).count() == 2
+    assert UsageRecord.objects.filter(workspace=workspace, kind=UsageRecord.Kind.GENERATION).count() == 2
+
+
+def _travel_conversation(upstream_server, client_key=None):
+    """A Travel workspace behind the stand-in, and its first question answered."""
+    from tests.search.test_conversations import FIRST, TRAVEL
+
+    workspace = workspace_create(name="Travel", slug="travel")
+    ingest(collection_create(workspace=workspace, name="Handbook"), TRAVEL)
+    _, api_key = remote_provider(upstream_server, max_tokens=64)
+    first = answer_create(
+        workspace=workspace, question=f"{FIRST}\nREPLY: It is a daily amount for trips [1].", client_key=client_key
+    )
+    read_stream(first)
+    return workspace, api_key, wait_for_answer(first.pk)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_with_a_route_a_follow_up_is_rewritten_by_its_model_and_the_rewrite_billed_as_its_own_row(
+    workers, db, upstream_server
+):
+    from search.conversations import Turn, text_without_markers
+    from search.rewriting import REWRITE_MAX_TOKENS, rewrite_messages
+    from tests.search.test_conversations import FOLLOW_UP
+
+    standalone = "What is the per-diem allowance in Berlin?"
+    price = Price.objects.create(
+        model="stand-in-7b", input_usd_per_million=Decimal("0.5"), output_usd_per_million=Decimal("1.5")
+    )
+    workspace = workspace_create(name="Keys", slug="keys")
+    client_key, _ = client_keys.client_key_create(workspace, "chat", scopes=["generate"], monthly_budget_usd=Decimal(1))
+    travel, api_key, first = _travel_conversation(upstream_server, client_key=None)
+    client_key.workspace = travel  # billed to a key of the travel workspace
+    client_key.save()
+    upstream_script(upstream_server, api_key, [{"reply": f" {standalone}\n"}])  # the next request: the rewrite
+    follow = answer_create(
+        workspace=travel,
+        question=f"{FOLLOW_UP}\nREPLY: It is EUR 90 a day in Berlin [1].",
+        conversation=first.conversation,
+        client_key=client_key,
+    )
+    read_stream(follow)
+    follow = wait_for_answer(follow.pk)
+
+    assert follow.status == Answer.Status.DONE, follow.error
+    assert follow.retrieval_query == standalone
+    assert follow.stats["followup"] == {
+        "method": "model",
+        "query": standalone,
+        "rewrite_ms": follow.timings["rewrite_ms"],
+    }
+    assert _files_by_number(follow)[1] == "per_diem.md"
+    _, rewrite, answered = upstream_log(upstream_server, api_key)
+    history = [Turn(question=first.question, answer=text_without_markers(first.text))]
+    assert rewrite["messages"] == rewrite_messages(follow.question, history)
+    assert (rewrite["max_tokens"], rewrite["temperature"], rewrite["outcome"]) == (REWRITE_MAX_TOKENS, 0, "ok")
+    assert answered["messages"][-1]["content"].endswith(f"Question: {follow.question}")
+    # Two generations for the key, each its own ledger row, and the budget holds their sum.
+    ledger_row(follow.pk)
+    rows = list(UsageRecord.objects.filter(client_key=client_key).order_by("created_at"))
+    assert [(row.status, row.completion_tokens) for row in rows] == [
+        ("ok", len(standalone.split())),
+        ("ok", len("It is EUR 90 a day in Berlin [1].".split())),
+    ]
+    assert rows[1].request_id == follow.pk and rows[0].request_id != follow.pk
+    assert all(row.price_id == price.pk for row in rows)
+    state = limits.budget_state(client_key)
+    assert (state.spent_usd, state.reserved_usd) == (sum(row.cost_usd for row in rows), 0)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("step", "reason"),
+    [
+        ({"status": 400}, "the rewrite failed: "),
+        ({"first_byte_delay_ms": 3000}, "the rewrite took longer than 0.5 s"),
+        ({"reply": "Line one.\nLine two."}, "the rewrite was 2 lines, not one question"),
+    ],
+    ids=["fails", "late", "not-a-question"],
+)
+def test_a_rewrite_that_fails_falls_back_to_the_terms_and_says_why(
+    workers, db, upstream_server, settings, step, reason
+):
+    from tests.search.test_conversations import FIRST, FOLLOW_UP
+
+    settings.FOLLOWUP_REWRITE_TIMEOUT_S = 0.5
+    _, api_key, first = _travel_conversation(upstream_server)
+    upstream_script(upstream_server, api_key, [step])
+    follow = answer_create(
+        workspace=first.workspace,
+        question=f"{FOLLOW_UP}\nREPLY: It is EUR 90 a day in Berlin [1].",
+        conversation=first.conversation,
+    )
+    read_stream(follow)
+    follow = wait_for_answer(follow.pk)
+    assert follow.status == Answer.Status.DONE, follow.error
+    followup = follow.stats["followup"]
+    assert (followup["method"], followup["query"]) == ("terms", f"{first.question} {follow.question}")
+    assert followup["fallback"].startswith(reason) and followup["rewrite_ms"] == follow.timings["rewrite_ms"]
+    assert _files_by_number(follow)[1] == "per_diem.md"
+    assert FIRST in follow.retrieval_query
+    # The rewrite was sent all the same: it has its ledger row (a late one once it ends).
+    deadline = time.monotonic() + 30
+    while len(upstream_log(upstream_server, api_key)) < 3 or not all(
+        entry["finished"] for entry in upstream_log(upstream_server, api_key)
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    ledger_row(follow.pk)
+    generations = UsageRecord.objects.filter(workspace=first.workspace, kind=UsageRecord.Kind.GENERATION)
+    assert generations.count() == 3
 
 
 @pytest.mark.slow

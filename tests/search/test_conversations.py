@@ -24,6 +24,8 @@ TRAVEL = {
 }
 FIRST = "What does the travel policy say about the per-diem allowance?"
 FOLLOW_UP = "How much is it in Berlin?"
+# What the follow-up is retrieved for after FIRST without a model: the earlier question whole, then it.
+FOLLOW_UP_QUERY = f"{FIRST} {FOLLOW_UP}"
 
 
 @pytest.fixture
@@ -58,22 +60,14 @@ def test_the_first_question_starts_a_conversation_titled_by_it(travel, ann):
     assert stored.created_at == stored.updated_at == answer.created_at
 
 
-def test_a_follow_up_is_retrieved_for_with_the_earlier_questions_telling_words(travel, ann):
-    workspace, collection = travel
+def test_a_follow_up_is_retrieved_for_with_the_question_before_it(travel, ann):
+    workspace, _ = travel
     first = answer_create(workspace=workspace, question=FIRST, asker=ann)
     follow_up = answer_create(workspace=workspace, question=FOLLOW_UP, asker=ann, conversation=first.conversation)
 
-    # The follow-up's own words first, then the earlier question's that a chunk holds: each of
-    # these is in one chunk of three (the same IDF: they keep the question's order); "what",
-    # "does", "say" and "about" are in none, and could not match anything.
-    reading = followup_terms(FOLLOW_UP, [Turn(question=FIRST, answer="")], [collection])
-    assert reading.terms == ("travel", "policy", "per-diem", "allowance")
-    assert follow_up.retrieval_query == f"{FOLLOW_UP} {' '.join(reading.terms)}"
-    assert follow_up.stats["followup"] == {
-        "method": "terms",
-        "query": follow_up.retrieval_query,
-        "terms": list(reading.terms),
-    }
+    # Read with the question before it, whole: what "it" is.
+    assert follow_up.retrieval_query == FOLLOW_UP_QUERY
+    assert follow_up.stats["followup"] == {"method": "terms", "query": FOLLOW_UP_QUERY}
     # Alone, the follow-up finds the office (Berlin, "how much"); read with the turn before
     # it, the per-diem allowance in Berlin.
     alone = chunk_search(query=FOLLOW_UP, workspace=workspace, syntax="question").hits
@@ -83,6 +77,23 @@ def test_a_follow_up_is_retrieved_for_with_the_earlier_questions_telling_words(t
     conversation = Conversation.objects.get(pk=first.conversation_id)
     assert follow_up.conversation_id == conversation.pk and conversation.answers.count() == 2
     assert conversation.title == FIRST and conversation.updated_at == follow_up.created_at
+
+
+def test_older_questions_add_their_telling_words_the_latest_turn_first(travel):
+    _, collection = travel
+    history = [Turn(question=FIRST, answer=""), Turn(question="Where is the Berlin office?", answer="")]
+    reading = followup_terms("How much desk space does it have?", history, [collection])
+    # The older question's words that a chunk holds and the query does not have yet, each in
+    # one chunk of three (the same IDF: they keep the question's order); "what", "does",
+    # "say" and "about" are in none, and could not match anything.
+    assert reading.terms == ("travel", "policy", "per-diem", "allowance")
+    assert (
+        reading.query
+        == "Where is the Berlin office? How much desk space does it have? travel policy per-diem allowance"
+    )
+    assert reading.as_record() == {"method": "terms", "query": reading.query, "terms": list(reading.terms)}
+    # A first question is read as it is.
+    assert followup_terms(FIRST, [], [collection]) == conversations.FollowupReading(query=FIRST, method="standalone")
 
 
 def test_the_history_is_the_answered_turns_without_their_markers(travel, ann):

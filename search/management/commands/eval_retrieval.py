@@ -11,6 +11,11 @@ ranking function alone) and over whole documents (chunking included), on the col
 questions and on long questions built from the corpus itself (a document's title and first
 sentences). ``--references`` adds the exact dense and fused references and evaluates every
 mode against them.
+
+``--conversational`` asks each judged question as a conversation instead
+(search/conversational_eval.py): the question alone, the rule's follow-up alone, and the
+follow-up read with its first turn by ``search.conversations.followup_terms``, all judged
+with the question's qrels; ``--followups PATH`` adds a written sample of such turns.
 """
 
 from __future__ import annotations
@@ -29,15 +34,19 @@ from tqdm import tqdm
 
 from ragsite.commands import DatabaseCommand
 from search import bulk_load as bulk
+from search import conversational_eval as conversational
 from search import reference_rankings as reference
 from search.beir import corpus_read, is_beir_dir, mrr_at, ndcg_at, qrels_read, queries_read, recall_at
 from search.bm25 import collection_bm25_refresh
+from search.conversations import Turn, followup_terms
 from search.embedders import embedder_get
 from search.models import Chunk, Collection, Document
 from search.selectors import MODES, chunk_search
 from search.services import collection_create, workspace_create
 
 DEPTH = 100  # documents ranked per query (Recall@100)
+# How a conversation's question is asked: alone, its follow-up alone, the follow-up read with its first turn.
+VARIANTS = ("standalone", "followup_alone", "followup_terms")
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -74,10 +83,25 @@ class Command(DatabaseCommand):
         )
         parser.add_argument("--long-questions", type=int, default=200, help="Long questions built from the corpus.")
         parser.add_argument("--seed", type=int, default=0, help="Which documents the long questions come from.")
+        parser.add_argument(
+            "--conversational",
+            action="store_true",
+            help="Each judged question as a first turn and a follow-up (search/conversational_eval.py).",
+        )
+        parser.add_argument(
+            "--followups",
+            type=Path,
+            default=None,
+            help="With --conversational: a written sample (JSONL of query_id, first_turn, followup) beside the rule's.",
+        )
 
     def handle(self, *args, directory: Path, mode: str, split: str, workspace: str, language: str, **options):
         if not is_beir_dir(directory):
             raise CommandError(f"{directory} is not a BEIR-layout collection (no corpus.jsonl)")
+        if options["followups"] and not options["conversational"]:
+            raise CommandError("--followups goes with --conversational")
+        if options["conversational"] and (options["against_bm25"] or options["references"]):
+            raise CommandError("--conversational is a run of its own: without --against-bm25 or --references")
         self.candidates = options["candidates"]
         self.collection = self._ensure_ingested(directory, workspace, language)
         queries = queries_read(directory)
@@ -92,6 +116,13 @@ class Command(DatabaseCommand):
         questions = [queries[qid] for qid in judged]
         judgements = [qrels[qid] for qid in judged]
         summary: dict = {"collection": directory.name, "queries": len(judged)}
+        if options["conversational"]:
+            summary["mode"] = mode
+            summary.update(
+                self._conversational(mode, {qid: queries[qid] for qid in judged}, qrels, options["followups"])
+            )
+            self.stdout.write(json.dumps(summary))
+            return
         if not (options["against_bm25"] or options["references"]):
             summary["mode"] = mode
             summary.update(self._evaluate(mode, questions, judgements)[0])
@@ -132,6 +163,93 @@ class Command(DatabaseCommand):
         figures["p50_ms"] = round(percentile(latencies, 0.5), 2)
         figures["p99_ms"] = round(percentile(latencies, 0.99), 2)
         return figures, rankings
+
+    # ------------------------------------------------------------------ conversations
+
+    def _conversational(self, mode: str, questions: dict[str, str], qrels: dict, followups: Path | None) -> dict:
+        """The three variants' figures on the rule's conversations, and on the written ones
+        when given (over their query ids only, the standalone question's beside them)."""
+        built = conversational.conversations_built(questions, [self.collection])
+        try:
+            written = conversational.followups_read(followups, questions) if followups else []
+        except (OSError, ValueError) as exc:
+            raise CommandError(str(exc)) from None
+        rule_rankings = self._conversation_rankings(mode, built, standalone=None)
+        out: dict = {"rule": self._conversation_figures(built, rule_rankings, qrels)}
+        lines = [("rule", out["rule"])]
+        out["written"] = None
+        if written:
+            # The standalone questions are the rule's own, searched already: the same rankings.
+            by_id = {conversation.query_id: i for i, conversation in enumerate(built)}
+            standalone = [rule_rankings["standalone"][by_id[conversation.query_id]] for conversation in written]
+            rankings = self._conversation_rankings(mode, written, standalone=standalone)
+            figures = self._conversation_figures(written, rankings, qrels)
+            same_ids = [built[by_id[conversation.query_id]] for conversation in written]
+            rule_same_ids = self._conversation_figures(
+                same_ids,
+                {name: [ranking[by_id[c.query_id]] for c in written] for name, ranking in rule_rankings.items()},
+                qrels,
+            )
+            figures["path"] = str(followups)
+            figures["rule_same_queries"] = {
+                key: rule_same_ids[key] for key in ("followup_alone_ndcg@10", "followup_terms_ndcg@10", "terms_ratio")
+            }
+            out["written"] = figures
+            lines += [("written", figures), ("rule, same", rule_same_ids)]
+        self._conversation_table(lines)
+        return out
+
+    def _conversation_rankings(
+        self, mode: str, conversations: list[conversational.ConversationalQuery], standalone: list | None
+    ) -> dict[str, list[list[str]]]:
+        """Each variant's rankings; ``standalone``: the questions' rankings when searched already."""
+        readings = [
+            followup_terms(c.followup, [Turn(question=c.first_turn, answer="")], [self.collection])
+            for c in conversations
+        ]
+        texts = {
+            "standalone": [c.question for c in conversations],
+            "followup_alone": [c.followup for c in conversations],
+            "followup_terms": [reading.query for reading in readings],
+        }
+        rankings = {"standalone": standalone} if standalone is not None else {}
+        for name in VARIANTS:
+            if name not in rankings:
+                rankings[name] = [self._ranked(text, mode)[0] for text in tqdm(texts[name], desc=name, disable=None)]
+        return rankings
+
+    @staticmethod
+    def _conversation_figures(conversations, rankings: dict[str, list[list[str]]], qrels: dict) -> dict:
+        judgements = [qrels[c.query_id] for c in conversations]
+        figures: dict = {"queries": len(conversations)}
+        for name in VARIANTS:
+            figures.update(
+                {f"{name}_{metric}": value for metric, value in _metrics(rankings[name], judgements).items()}
+            )
+        standalone = figures["standalone_ndcg@10"]
+        figures["alone_ratio"] = round(figures["followup_alone_ndcg@10"] / standalone, 4) if standalone else None
+        figures["terms_ratio"] = round(figures["followup_terms_ndcg@10"] / standalone, 4) if standalone else None
+        return figures
+
+    def _conversation_table(self, lines: list[tuple[str, dict]]) -> None:
+        self.stdout.write("nDCG@10 / Recall@100 / MRR@10 of each way of asking; ratios of nDCG@10 to standalone's")
+        header = ["set", "queries", *VARIANTS, "alone / standalone", "terms / standalone"]
+        rows = [
+            [
+                label,
+                str(figures["queries"]),
+                *(
+                    " / ".join(f"{figures[f'{name}_{metric}']:.4f}" for metric in ("ndcg@10", "recall@100", "mrr@10"))
+                    for name in VARIANTS
+                ),
+                f"{figures['alone_ratio']}",
+                f"{figures['terms_ratio']}",
+            ]
+            for label, figures in lines
+        ]
+        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+        for row in [header, *rows]:
+            self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
     # ------------------------------------------------------------------ references
 

@@ -7,7 +7,7 @@ import pytest
 
 from search.models import Answer, Conversation
 from tests.search.files import ingest_texts as ingest
-from tests.search.test_conversations import FIRST, FOLLOW_UP, TRAVEL
+from tests.search.test_conversations import FIRST, FOLLOW_UP, FOLLOW_UP_QUERY, TRAVEL
 
 pytestmark = pytest.mark.django_db
 
@@ -31,7 +31,7 @@ def test_a_conversation_is_created_asked_in_listed_read_renamed_and_deleted(trav
     follow = api.post("/api/v1/answers?wait=5", {**asked, "question": FOLLOW_UP}, format="json").json()
     assert first["conversation"] == follow["conversation"] == conversation["id"]
     assert (first["question"], first["retrieval_query"]) == (FIRST, FIRST)
-    assert follow["retrieval_query"] == f"{FOLLOW_UP} travel policy per-diem allowance"
+    assert follow["retrieval_query"] == FOLLOW_UP_QUERY
     assert follow["stats"]["followup"]["method"] == "terms"
 
     listed = api.get("/api/v1/conversations").json()

@@ -109,7 +109,7 @@ def test_a_chat_completion_is_the_extractive_answer_with_its_citations(site, wor
 
 def test_the_messages_are_the_conversation_and_a_follow_up_cites_what_it_needs(site, db):
     from search.models import Document
-    from tests.search.test_conversations import FIRST, FOLLOW_UP, TRAVEL
+    from tests.search.test_conversations import FIRST, FOLLOW_UP, FOLLOW_UP_QUERY, TRAVEL
 
     workspace = workspace_create(name="Travel", slug="travel")
     ingest(collection_create(workspace=workspace, name="Handbook"), TRAVEL)
@@ -124,7 +124,7 @@ def test_the_messages_are_the_conversation_and_a_follow_up_cites_what_it_needs(s
     ]
     follow = client.chat.completions.create(model="extractive", messages=messages)
     answer = answer_of(follow.id)
-    assert (answer.question, answer.retrieval_query) == (FOLLOW_UP, f"{FOLLOW_UP} travel policy per-diem allowance")
+    assert (answer.question, answer.retrieval_query) == (FOLLOW_UP, FOLLOW_UP_QUERY)
     assert follow.retrieval_query == answer.retrieval_query
     assert answer.stats["followup"]["method"] == "terms"
     # The passage the follow-up needs: the per-diem allowance in Berlin.

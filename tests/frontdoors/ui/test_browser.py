@@ -25,7 +25,7 @@ from search.services import collection_create, workspace_create
 from tests.browser import console_errors, wait_until
 from tests.frontdoors.ui.conftest import PASSWORD, member
 from tests.search.files import ingest_texts as ingest
-from tests.search.test_conversations import FIRST, FOLLOW_UP, TRAVEL
+from tests.search.test_conversations import FIRST, FOLLOW_UP, FOLLOW_UP_QUERY, TRAVEL
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # the server sees committed rows
 
@@ -120,7 +120,7 @@ def test_log_in_upload_search_ask_and_open_a_citation(browser, start_web, start_
         )
         follow = browser.find_element(By.CSS_SELECTOR, ".turn-current .answer")
         assert "EUR 90 a day in Berlin" in follow.find_element(By.CSS_SELECTOR, "[data-answer-text]").text
-        assert "Searched for: How much is it in Berlin? travel policy per-diem allowance" in follow.text
+        assert f"Searched for: {FOLLOW_UP_QUERY}" in follow.text
         cited = follow.find_element(By.CSS_SELECTOR, "a.cite").get_attribute("href")
         per_diem = Chunk.objects.get(document__collection=travel, document__source_name="per_diem.md")
         assert cited.endswith(f"/passages/{per_diem.pk}/")

@@ -351,7 +351,7 @@ def test_a_superuser_without_memberships_sees_every_workspace(client, db):
 
 def test_a_follow_up_continues_the_thread_which_survives_a_reload_and_is_listed(client, tenants):
     from search.models import Conversation
-    from tests.search.test_conversations import FIRST, FOLLOW_UP, TRAVEL
+    from tests.search.test_conversations import FIRST, FOLLOW_UP, FOLLOW_UP_QUERY, TRAVEL
 
     ingest(tenants.manuals, TRAVEL)
     client.force_login(tenants.ann)
@@ -369,7 +369,7 @@ def test_a_follow_up_continues_the_thread_which_survives_a_reload_and_is_listed(
     follow = Answer.objects.get(question=FOLLOW_UP)
     assert followed["Location"] == reverse("ui:answer", args=[follow.pk])
     assert follow.conversation_id == first.conversation_id
-    assert follow.retrieval_query == f"{FOLLOW_UP} travel policy per-diem allowance"
+    assert follow.retrieval_query == FOLLOW_UP_QUERY
     # The thread, from the database (a reload shows the same): both turns in order, the
     # follow-up's search shown, its answer quoting the per-diem passage.
     page = client.get(followed["Location"]).content.decode()
