@@ -161,3 +161,44 @@ def test_followups_go_with_conversational(tmp_path):
     write_mini(tmp_path / "mini")
     with pytest.raises(CommandError, match="--followups goes with --conversational"):
         call_command("eval_retrieval", str(tmp_path / "mini"), "--followups", str(tmp_path / "f.jsonl"))
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)  # the remote worker reads the route
+def test_rewrite_route_adds_the_models_reading_and_counts_its_fallbacks(tmp_path, upstream_server):
+    from tests.conftest import celery_worker
+    from tests.search.test_answers import remote_provider
+    from tests.upstream_server import upstream_log, upstream_script
+
+    write_mini(tmp_path / "mini")
+    followups = tmp_path / "followups.jsonl"
+    followups.write_text(
+        json.dumps({"query_id": "q1", "first_turn": "Tell me about wing flutter.", "followup": "When does it happen?"})
+    )
+    route, api_key = remote_provider(upstream_server)
+    # One rewrite at a time, in the sets' order: the rule's q1 and q2 rewritten back into their
+    # questions, then the written q1's rewrite refused (it falls back to the terms' reading).
+    upstream_script(
+        upstream_server,
+        api_key,
+        [{"reply": "supersonic wing flutter"}, {"reply": "laminar heat transfer"}, {"status": 400}],
+    )
+    arguments = ["--mode", "keyword", "--conversational", "--followups", str(followups)]
+    arguments += ["--rewrite-route", route.name, "--rewrite-concurrency", "1"]
+    out = io.StringIO()
+    with celery_worker(["remote"], tmp_path, pool="threads", concurrency=2):
+        call_command("eval_retrieval", str(tmp_path / "mini"), *arguments, stdout=out, stderr=io.StringIO())
+    result = json.loads(out.getvalue().strip().splitlines()[-1])
+    rule, written = result["rule"], result["written"]
+    assert rule["followup_model_ndcg@10"] == rule["standalone_ndcg@10"] and rule["model_ratio"] == 1.0
+    assert (rule["model_route"], rule["model_fallbacks"]) == (route.name, {})
+    assert [sample["rewritten"] for sample in rule["model_samples"]] == [
+        "supersonic wing flutter",
+        "laminar heat transfer",
+    ]
+    assert written["model_fallbacks"] == {"the rewrite failed": 1}
+    assert written["followup_model_ndcg@10"] == written["followup_terms_ndcg@10"] == 1.0
+    seen = upstream_log(upstream_server, api_key)
+    assert [entry["outcome"] for entry in seen] == ["ok", "ok", "status 400"]
+    assert all(entry["max_tokens"] == 64 and entry["temperature"] == 0 for entry in seen)
+    assert out.getvalue().strip().splitlines()[-5].split("  ")[-1] == "model / standalone"

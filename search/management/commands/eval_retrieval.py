@@ -24,6 +24,7 @@ import json
 import random
 import statistics
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -94,6 +95,17 @@ class Command(DatabaseCommand):
             default=None,
             help="With --conversational: a written sample (JSONL of query_id, first_turn, followup) beside the rule's.",
         )
+        parser.add_argument(
+            "--rewrite-route",
+            default=None,
+            help=(
+                "With --conversational: also each follow-up rewritten by this route's model (search/rewriting.py), "
+                "as answers do; needs its workers running (python3 dev.py up)."
+            ),
+        )
+        parser.add_argument(
+            "--rewrite-concurrency", type=int, default=8, help="Rewrites in flight at once (the pool batches them)."
+        )
 
     def handle(self, *args, directory: Path, mode: str, split: str, workspace: str, language: str, **options):
         if not is_beir_dir(directory):
@@ -102,6 +114,10 @@ class Command(DatabaseCommand):
             raise CommandError("--followups goes with --conversational")
         if options["conversational"] and (options["against_bm25"] or options["references"]):
             raise CommandError("--conversational is a run of its own: without --against-bm25 or --references")
+        if options["rewrite_route"] and not options["conversational"]:
+            raise CommandError("--rewrite-route goes with --conversational")
+        self.rewrite_route = options["rewrite_route"]
+        self.rewrite_concurrency = max(1, options["rewrite_concurrency"])
         self.candidates = options["candidates"]
         self.collection = self._ensure_ingested(directory, workspace, language)
         queries = queries_read(directory)
@@ -176,6 +192,7 @@ class Command(DatabaseCommand):
             raise CommandError(str(exc)) from None
         rule_rankings = self._conversation_rankings(mode, built, standalone=None)
         out: dict = {"rule": self._conversation_figures(built, rule_rankings, qrels)}
+        self._rewrite_report(out["rule"])
         lines = [("rule", out["rule"])]
         out["written"] = None
         if written:
@@ -184,6 +201,7 @@ class Command(DatabaseCommand):
             standalone = [rule_rankings["standalone"][by_id[conversation.query_id]] for conversation in written]
             rankings = self._conversation_rankings(mode, written, standalone=standalone)
             figures = self._conversation_figures(written, rankings, qrels)
+            self._rewrite_report(figures)
             same_ids = [built[by_id[conversation.query_id]] for conversation in written]
             rule_same_ids = self._conversation_figures(
                 same_ids,
@@ -212,38 +230,97 @@ class Command(DatabaseCommand):
             "followup_alone": [c.followup for c in conversations],
             "followup_terms": [reading.query for reading in readings],
         }
+        if self.rewrite_route:
+            texts["followup_model"] = self._rewrites(conversations, readings)
         rankings = {"standalone": standalone} if standalone is not None else {}
-        for name in VARIANTS:
+        for name in self._variants():
             if name not in rankings:
                 rankings[name] = [self._ranked(text, mode)[0] for text in tqdm(texts[name], desc=name, disable=None)]
         return rankings
+
+    def _rewrite_report(self, figures: dict) -> None:
+        """How many of the set's rewrites fell back (by reason), and a few rewrites to read."""
+        if self.rewrite_route:
+            figures["model_route"] = self.rewrite_route
+            figures["model_fallbacks"] = dict(self.rewrite_fallbacks)
+            figures["model_samples"] = self.rewrite_samples
+
+    def _variants(self) -> tuple[str, ...]:
+        return (*VARIANTS, "followup_model") if self.rewrite_route else VARIANTS
+
+    def _rewrites(self, conversations, readings) -> list[str]:
+        """Each follow-up as the route's model rewrites it for an answer (``search.rewriting``),
+        or, where the rewrite fails or is late, the term-based reading answers fall back to
+        (counted in ``self.rewrite_fallbacks``, with the reasons)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from django.db import connections
+
+        from inference import router
+        from search import rewriting
+
+        def submit(planned, request, **fields):
+            router.submit(planned, messages=request.messages, max_tokens=request.max_tokens, **fields)
+
+        def rewrite(item):
+            conversation, reading = item
+            try:
+                plan = router.plan(route_name=self.rewrite_route, client_id="eval", request_id=str(uuid.uuid4()))
+                return rewriting.followup_rewrite(
+                    conversation.followup, [Turn(question=conversation.first_turn, answer="")], plan, submit
+                ), ""
+            except rewriting.RewriteFailed as exc:
+                return reading.query, str(exc)
+            finally:
+                connections.close_all()  # this thread's: the pool's threads end without closing them
+
+        with ThreadPoolExecutor(self.rewrite_concurrency) as pool:
+            done = list(
+                tqdm(
+                    pool.map(rewrite, zip(conversations, readings, strict=True)),
+                    total=len(conversations),
+                    desc="rewrite",
+                )
+            )
+        self.rewrite_fallbacks = Counter(reason.split(":")[0] for _, reason in done if reason)
+        self.rewrite_samples = [
+            {"followup": c.followup, "rewritten": text} for c, (text, reason) in zip(conversations, done, strict=True)
+        ][:5]
+        return [text for text, _ in done]
 
     @staticmethod
     def _conversation_figures(conversations, rankings: dict[str, list[list[str]]], qrels: dict) -> dict:
         judgements = [qrels[c.query_id] for c in conversations]
         figures: dict = {"queries": len(conversations)}
-        for name in VARIANTS:
+        variants = tuple(name for name in (*VARIANTS, "followup_model") if name in rankings)
+        for name in variants:
             figures.update(
                 {f"{name}_{metric}": value for metric, value in _metrics(rankings[name], judgements).items()}
             )
         standalone = figures["standalone_ndcg@10"]
         figures["alone_ratio"] = round(figures["followup_alone_ndcg@10"] / standalone, 4) if standalone else None
         figures["terms_ratio"] = round(figures["followup_terms_ndcg@10"] / standalone, 4) if standalone else None
+        if "followup_model" in variants:
+            figures["model_ratio"] = round(figures["followup_model_ndcg@10"] / standalone, 4) if standalone else None
         return figures
 
     def _conversation_table(self, lines: list[tuple[str, dict]]) -> None:
         self.stdout.write("nDCG@10 / Recall@100 / MRR@10 of each way of asking; ratios of nDCG@10 to standalone's")
-        header = ["set", "queries", *VARIANTS, "alone / standalone", "terms / standalone"]
+        variants = self._variants()
+        header = ["set", "queries", *variants, "alone / standalone", "terms / standalone"]
+        if "followup_model" in variants:
+            header.append("model / standalone")
         rows = [
             [
                 label,
                 str(figures["queries"]),
                 *(
                     " / ".join(f"{figures[f'{name}_{metric}']:.4f}" for metric in ("ndcg@10", "recall@100", "mrr@10"))
-                    for name in VARIANTS
+                    for name in variants
                 ),
                 f"{figures['alone_ratio']}",
                 f"{figures['terms_ratio']}",
+                *([f"{figures['model_ratio']}"] if "followup_model" in variants else []),
             ]
             for label, figures in lines
         ]
