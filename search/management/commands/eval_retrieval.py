@@ -26,17 +26,21 @@ import statistics
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from django.conf import settings
 from django.core.management.base import CommandError
+from django.db import connections
 from tqdm import tqdm
 
+from inference import router
 from ragsite.commands import DatabaseCommand
 from search import bulk_load as bulk
 from search import conversational_eval as conversational
 from search import reference_rankings as reference
+from search import rewriting
 from search.beir import corpus_read, is_beir_dir, mrr_at, ndcg_at, qrels_read, queries_read, recall_at
 from search.bm25 import collection_bm25_refresh
 from search.conversations import Turn, followup_terms
@@ -252,12 +256,6 @@ class Command(DatabaseCommand):
         """Each follow-up as the route's model rewrites it for an answer (``search.rewriting``),
         or, where the rewrite fails or is late, the term-based reading answers fall back to
         (counted in ``self.rewrite_fallbacks``, with the reasons)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from django.db import connections
-
-        from inference import router
-        from search import rewriting
 
         def submit(planned, request, **fields):
             router.submit(planned, messages=request.messages, max_tokens=request.max_tokens, **fields)
