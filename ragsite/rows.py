@@ -5,7 +5,8 @@ On that path, compiling an ORM query costs several times its round trip to Postg
 several ORM calls (a route with its provider, its live canary release and a key; a client
 key with its workspace). ``Rows`` lists the columns of several models for a SELECT and
 turns a result row back into instances the way the ORM does (``Model.from_db`` and each
-field's ``from_db_value``). Used by the routing statements (``inference.router``,
+field's ``from_db_value``); ``insert_together`` writes new rows of several tables in one
+statement (the ORM's own INSERTs, joined as data-modifying CTEs). Used by the routing statements (``inference.router``,
 ``inference.keypool``), the client key's check (``billing.client_keys``), the price a
 budgeted key's request is admitted at (``billing.pricing``) and the collections of a
 workspace an answer searches (``search.scoping``).
@@ -18,6 +19,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.db.backends.postgresql.base import DatabaseWrapper, ServerBindingCursor
+from django.db.models import Model
+from django.db.models.sql import InsertQuery
 
 # ``cursor()`` wraps a server-binding cursor with Django's private ``_prepare_cursor``, as Django's
 # own ``cursor()`` does, to keep its error wrapping and query logging: the one private API this
@@ -52,6 +55,37 @@ class Rows:
             ]
             made.append(model.from_db(connection.alias, [field.attname for field in fields], values))
         return made
+
+
+def insert_together(*groups: list[Model]) -> None:
+    """INSERT each group's new instances (one model per group), all groups in one statement:
+    atomic by itself, one round trip where ``transaction.atomic`` around one ``save`` each
+    costs a BEGIN, a statement each and a COMMIT. Each INSERT is the one the ORM would send
+    (every concrete column, values prepared by their fields), written as a data-modifying
+    CTE; the foreign keys between them hold because Django makes every
+    constraint DEFERRABLE INITIALLY DEFERRED (checked once the statement commits). An
+    auto-incremented primary key left unset is the database's to assign, and is not read
+    back. Sends no ``pre_save``/``post_save`` signals: for models that have no receivers."""
+    parts, params = [], []
+    for objs in (group for group in groups if group):
+        model = type(objs[0])
+        query = InsertQuery(model)
+        fields = model._meta.local_concrete_fields
+        if objs[0].pk is None:
+            fields = [field for field in fields if field is not model._meta.auto_field]
+        query.insert_values(fields, objs)
+        [(sql, values)] = query.get_compiler(connection=connection).as_sql()
+        parts.append(sql)
+        params.extend(values)
+    if not parts:
+        return
+    *ctes, last = parts
+    sql = ("WITH " + ", ".join(f"w{i} AS ({cte})" for i, cte in enumerate(ctes)) + " " if ctes else "") + last
+    with connection.cursor() as cursor_:
+        cursor_.execute(sql, params)
+    for group in groups:
+        for obj in group:
+            obj._state.adding, obj._state.db = False, connection.alias
 
 
 def cursor():
