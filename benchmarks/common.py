@@ -129,12 +129,14 @@ def machine() -> dict:
     }
 
 
-def report(name: str, result: dict) -> None:
+def report(name: str, result: dict, *, corpus: Path | None = None) -> None:
     """Write benchmarks/results/NAME.json (``BENCHMARK_RESULTS_DIR``, for the suite's smoke runs,
-    writes elsewhere: their tiny figures never replace the published ones) and print the final JSON line."""
+    writes elsewhere: their tiny figures never replace the published ones) and print the final JSON
+    line; ``corpus``: the collection the benchmark read, named in the result (none for those that
+    read none)."""
     folder = Path(os.environ.get("BENCHMARK_RESULTS_DIR") or RESULTS)
     folder.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": name, "corpus": CRANFIELD.name, **result, "machine": machine()}
+    payload = {"benchmark": name, **({"corpus": corpus.name} if corpus else {}), **result, "machine": machine()}
     (folder / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     print(json.dumps(payload), flush=True)
 

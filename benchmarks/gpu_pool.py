@@ -1137,7 +1137,7 @@ def main() -> None:
         print(json.dumps({"benchmark": "gpu_pool", **result, "machine": machine()}), flush=True)
     else:  # the result says which levels, windows and prompts it was measured with; the demo
         # model's goes to a file of its own, so that the pair's published file stays
-        report("gpu_pool_demo" if demo else "gpu_pool", result)
+        report("gpu_pool_demo" if demo else "gpu_pool", result, corpus=CRANFIELD)
 
 
 if __name__ == "__main__":

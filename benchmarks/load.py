@@ -117,7 +117,7 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="bench-load-") as folder,
     ):
         result = run(args, upstream, Path(folder))
-    report("load", result)
+    report("load", result, corpus=CRANFIELD)
 
 
 # --------------------------------------------------------------------------- set-up

@@ -417,7 +417,7 @@ def main() -> None:
         connections.close_all()
         if not args.keep:
             database_drop(server)
-    report("search_scale", result)
+    report("search_scale", result, corpus=CRANFIELD)
 
 
 def run(args, settings) -> dict:

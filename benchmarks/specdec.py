@@ -466,7 +466,7 @@ def main() -> None:
         print(f"[specdec] ours_ngram's tokens equal plain greedy's: {result['ours_ngram_exact']}",
               file=sys.stderr, flush=True)  # fmt: skip
     # The demo model's rows go to a file of their own: the pair's published file stays.
-    report("specdec_demo" if demo else "specdec", result)
+    report("specdec_demo" if demo else "specdec", result, corpus=CRANFIELD)
 
 
 if __name__ == "__main__":
