@@ -192,6 +192,28 @@ def test_a_stored_answer_links_its_citations_and_escapes_its_text(client, tenant
     assert "data-answer-stream" in client.get(reverse("ui:answer", args=[pending.pk])).content.decode()
 
 
+def test_an_extractive_answer_says_why_it_quotes(client, tenants):
+    """The badge gives the answer's own reason: no model, or a model whose answer nothing
+    supported (quoted instead), never "no model" for an answer a model generated."""
+    client.force_login(tenants.ann)
+    reasons = {
+        "": "no generation model is configured",
+        "the generation model is still starting": "the generation model is still starting",
+    }
+    for why, shown in reasons.items():
+        answer = answer_in(tenants.acme, tenants.ann, status=Answer.Status.DONE, mode=Answer.Mode.EXTRACTIVE)
+        answer.stats = {"why": why} if why else {}
+        answer.save()
+        page = client.get(reverse("ui:answer", args=[answer.pk])).content.decode()
+        assert f"sentences quoted from the sources, because {shown}." in page
+    quoted = answer_in(tenants.acme, tenants.ann, status=Answer.Status.DONE, mode=Answer.Mode.EXTRACTIVE)
+    quoted.stats = {"quoted_instead": {"why": "nothing in the model's answer was supported by its sources"}}
+    quoted.save()
+    page = client.get(reverse("ui:answer", args=[quoted.pk])).content.decode()
+    assert "because nothing in the model&#x27;s answer was supported by its sources." in page
+    assert "no generation model is configured" not in page
+
+
 def test_the_conversations_listed_are_the_users_own_latest_first(client, tenants):
     older = answer_in(tenants.acme, tenants.ann, question="First question?")
     newer = answer_in(tenants.acme, tenants.ann, question="Second question?")
