@@ -5,7 +5,8 @@ answer cut to ``ANSWER_CHARS``, and the follow-up; at most ``REWRITE_MAX_TOKENS`
 0) through the same route, admission and queue as an answer's own request, under its own
 request id: it is billed as its own ledger row, to the same client key. It waits for the
 rewrite on the generation's stream at most ``settings.FOLLOWUP_REWRITE_TIMEOUT_S``; a rewrite
-that fails, comes late, or is no question (empty, too long, several lines) raises
+that fails, comes late, or is no question (empty, too long, several lines, or none of the
+follow-up's words: an answer rather than its question) raises
 ``RewriteFailed`` with the reason, and the answer falls back to the term-based reading
 (``search.conversations.followup_terms``), saying why. A late rewrite still finishes and is
 billed: its generation was sent.
@@ -13,6 +14,7 @@ billed: its generation was sent.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import replace
@@ -23,6 +25,7 @@ from billing import ledger
 from inference import router
 from inference.streams import stream_read
 from search import prompting
+from search.abstention import QUESTION_STOP_WORDS
 from search.conversations import Turn
 
 REWRITE_MAX_TOKENS = 64
@@ -62,8 +65,18 @@ def rewrite_messages(question: str, history: list[Turn]) -> list[dict]:
     ]
 
 
-def _cleaned(text: str) -> str:
-    """The model's line as a question: its label and quotes taken off."""
+_WORD = re.compile(r"\w+")
+
+
+def _words(text: str) -> set[str]:
+    return {word.lower() for word in _WORD.findall(text)}
+
+
+def _cleaned(text: str, question: str) -> str:
+    """The model's line as a question: its label and quotes taken off. A line that keeps none of
+    the follow-up's own words (those that name rather than ask) answered it, or announced an
+    answer ("The answer to this question is yes.", small models' habit), instead of rewriting
+    it: searching for that finds nothing the user asked about."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     if len(lines) != 1:
         raise RewriteFailed(
@@ -78,6 +91,9 @@ def _cleaned(text: str) -> str:
         raise RewriteFailed("the rewrite was empty")
     if len(line) > QUESTION_MAX_CHARS:
         raise RewriteFailed(f"the rewrite was {len(line)} characters long, over {QUESTION_MAX_CHARS}")
+    named = _words(question) - QUESTION_STOP_WORDS
+    if named and not named & _words(line):
+        raise RewriteFailed("the rewrite keeps none of the follow-up's words: an answer, not the question")
     return line
 
 
@@ -113,4 +129,4 @@ def followup_rewrite(question: str, history: list[Turn], plan: router.Plan, subm
         raise RewriteFailed(f"the rewrite took longer than {bound_s:g} s") from None
     if time.monotonic() > deadline:
         raise RewriteFailed(f"the rewrite took longer than {bound_s:g} s")
-    return _cleaned("".join(pieces))
+    return _cleaned("".join(pieces), question)

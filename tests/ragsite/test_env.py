@@ -1,4 +1,6 @@
+import re
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -67,3 +69,17 @@ def test_env_decimal_and_choice(monkeypatch):
     monkeypatch.setenv("LEVEL", "LOUD")
     with pytest.raises(ImproperlyConfigured, match="LEVEL must be one of DEBUG, INFO, got 'LOUD'"):
         env.env_choice("LEVEL", "INFO", ("DEBUG", "INFO"))
+
+
+# Read by the settings but set by the project itself, not by an operator.
+INTERNAL_VARIABLES = {"RAGSITE_SERVER"}  # ragsite/asgi.py marks its own processes
+
+
+def test_every_variable_the_settings_read_is_in_env_example():
+    """.env.example lists every setting with its meaning and default (the README says so)."""
+    root = Path(__file__).resolve().parents[2]
+    source = (root / "ragsite" / "settings.py").read_text()
+    read = set(re.findall(r'(?:env_\w+|os\.environ\.get)\(\s*"([A-Z][A-Z0-9_]*)"', source)) - INTERNAL_VARIABLES
+    listed = set(re.findall(r"^#?\s?([A-Z][A-Z0-9_]*)=", (root / ".env.example").read_text(), re.MULTILINE))
+    assert len(read) > 80  # the pattern finds them
+    assert sorted(read - listed) == []

@@ -722,10 +722,8 @@ def test_a_generated_answer_that_nothing_supports_is_answered_with_the_sources_o
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_follow_up_is_generated_with_the_turns_before_it_each_turn_billed_once(
-    workers, db, upstream_server, settings
-):
-    settings.FOLLOWUP_REWRITE = False  # read by its terms: this test is about the prompt
+def test_a_follow_up_is_generated_with_the_turns_before_it_each_turn_billed_once(workers, db, upstream_server):
+    # At the defaults (FOLLOWUP_REWRITE off) a follow-up is read by its terms, even with a route.
     from search.conversations import text_without_markers
     from tests.search.test_conversations import FIRST, FOLLOW_UP, TRAVEL
 
@@ -783,8 +781,9 @@ def _travel_conversation(upstream_server, client_key=None):
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_with_a_route_a_follow_up_is_rewritten_by_its_model_and_the_rewrite_billed_as_its_own_row(
-    workers, db, upstream_server
+    workers, db, upstream_server, settings
 ):
+    settings.FOLLOWUP_REWRITE = True
     from search.conversations import Turn, text_without_markers
     from search.rewriting import REWRITE_MAX_TOKENS, rewrite_messages
     from tests.search.test_conversations import FOLLOW_UP
@@ -842,15 +841,16 @@ def test_with_a_route_a_follow_up_is_rewritten_by_its_model_and_the_rewrite_bill
         ({"status": 400}, "the rewrite failed: "),
         ({"first_byte_delay_ms": 3000}, "the rewrite took longer than 0.5 s"),
         ({"reply": "Line one.\nLine two."}, "the rewrite was 2 lines, not one question"),
+        ({"reply": "The answer to this question is yes."}, "the rewrite keeps none of the follow-up's words"),
     ],
-    ids=["fails", "late", "not-a-question"],
+    ids=["fails", "late", "not-a-question", "an-answer"],
 )
 def test_a_rewrite_that_fails_falls_back_to_the_terms_and_says_why(
     workers, db, upstream_server, settings, step, reason
 ):
     from tests.search.test_conversations import FIRST, FOLLOW_UP
 
-    settings.FOLLOWUP_REWRITE_TIMEOUT_S = 0.5
+    settings.FOLLOWUP_REWRITE, settings.FOLLOWUP_REWRITE_TIMEOUT_S = True, 0.5
     _, api_key, first = _travel_conversation(upstream_server)
     upstream_script(upstream_server, api_key, [step])
     follow = answer_create(
