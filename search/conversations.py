@@ -146,9 +146,16 @@ class Turn:
     answer: str  # the text without citation markers; "" while unanswered, failed or declined
 
 
+# The first line of an answer quoted from its sources (search.answers: "Extracted from the
+# sources (why):", QUOTED_LEAD): what the answer is, not what it says.
+_QUOTED_LEAD = re.compile(r"\A(?:Extracted|Quoted) from the sources(?: \([^\n]*\))?:[ \t]*\n")
+
+
 def text_without_markers(text: str) -> str:
     """An answer's text as a later turn's prompt holds it: its ``[n]`` markers named sources
-    that prompt does not give."""
+    that prompt does not give, and the lead line of a quoted answer goes (a small model given
+    it writes the lead line again, and nothing after it)."""
+    text = _QUOTED_LEAD.sub("", text.lstrip())
     pieces, last = [], 0
     for marker in citation_markers(text):
         pieces.append(text[last : marker.start].rstrip(" "))

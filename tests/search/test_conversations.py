@@ -7,8 +7,9 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from search import conversations
-from search.answers import AnswerError, answer_create
+from search.answers import QUOTED_LEAD, AnswerError, answer_create
 from search.conversations import ConversationError, Turn, followup_terms, history_of
+from search.extractive import LEAD
 from search.models import Answer, Conversation
 from search.prompting import PromptBudget, RemoteEstimate, Source, answer_messages, prompt_plan
 from search.selectors import chunk_search
@@ -125,6 +126,19 @@ def test_the_history_is_the_answered_turns_without_their_markers(travel, ann):
     # A conversation started empty is titled by its first question.
     answer_create(workspace=workspace, question=FIRST, asker=ann, conversation=conversation)
     assert Conversation.objects.get(pk=conversation.pk).title == FIRST
+
+
+def test_a_quoted_answers_lead_line_is_not_part_of_the_turn():
+    """What an answer quoted from its sources says is its quotes: a small model given the lead
+    line as the assistant's earlier words writes it again, and nothing after it."""
+    quotes = "- Switzerland: Full day: €68; Travel day: €36 [1]\n- Nordic countries: €64 [2]"
+    without = "- Switzerland: Full day: €68; Travel day: €36\n- Nordic countries: €64"
+    leads = (QUOTED_LEAD, "Extracted from the sources (no generation model is configured):", LEAD)
+    for lead in leads:
+        assert conversations.text_without_markers(f"{lead}\n\n{quotes}") == without
+    # Only as the first line: the same words inside an answer are the answer's.
+    said = "The policy says: Quoted from the sources (the handbook): see [1]."
+    assert conversations.text_without_markers(said) == "The policy says: Quoted from the sources (the handbook): see."
 
 
 def test_a_conversation_of_another_workspace_or_a_history_beside_one_is_refused(travel, ann):
