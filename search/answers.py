@@ -129,7 +129,7 @@ def answer_create(
     retrieved for, ``stats["followup"]`` how) and the turns go into the prompt.
 
     ``client_id``: whose canary arm applies, and who owns a new conversation; defaults to the
-    key's id when a ``client_key`` asks, else the asker's (as ``Access.client_id`` in the API).
+    ``client_key``'s when one asks, else the asker's (``conversations.client_id_of``).
     ``client_key``: the API key asking (``billing.models.ClientKey``): each generation
     request is admitted against its limits first (``billing.limits``) and billed to it; an
     extractive answer is admitted against them too, and costs nothing.
@@ -157,9 +157,7 @@ def answer_create(
     if temperature is not None and not (isinstance(temperature, int | float) and temperature >= 0):
         raise AnswerError("temperature", f"temperature must be a number >= 0, got {temperature!r}")
     chosen = collections_chosen(workspace, collections)
-    if not client_id:
-        client_id = str(client_key.pk) if client_key is not None else str(asker.pk) if asker is not None else ""
-    client_id = client_id[:100]
+    client_id = (client_id or conversations.client_id_of(key=client_key, user=asker))[:100]
 
     started = time.perf_counter()
     # Built here, stored once it is planned and prompted (``_answer_store``): one INSERT on

@@ -1,6 +1,6 @@
 """Conversations: threads of questions, and how a follow-up is read (docs/search.md, "Follow-ups").
 
-A conversation is owned by who started it (a user's or an API key's ``client_id``) in one
+A conversation is owned by who started it (``client_id_of``: ``user:<id>`` or ``key:<id>``) in one
 workspace; each answer is one of its turns. ``conversation_create``, ``conversation_rename``,
 ``conversation_delete`` and ``conversation_turns`` are the services every door uses;
 ``conversations_owned`` the one listing.
@@ -11,9 +11,10 @@ older questions' most telling words (highest IDF in the collections searched, no
 there, a turn further back weighing half), at most ``TERMS_MAX`` of them. The latest question
 whole rather than its words: measured on Cranfield's conversational sets, its words alone
 lost the dense half of retrieval (an embedding of a follow-up with words appended is not one
-of a question; docs/benchmarks.md, "Conversational retrieval"). ``search.answers`` asks the
-route's model for a rewrite first when there is one (``search.rewriting``) and falls back to
-this reading when the rewrite fails or is late, saying so in ``Answer.stats["followup"]``.
+of a question; docs/benchmarks.md, "Conversational retrieval"). With
+``FOLLOWUP_REWRITE`` on, ``search.answers`` asks the route's model for a rewrite first
+(``search.rewriting``) and falls back to this reading when the rewrite fails or is late,
+saying so in ``Answer.stats["followup"]``.
 
 ``history_for_prompt`` gives the earlier turns (questions and answers, their citation markers
 removed: the sources they cited are not in this prompt) for ``search.prompting``, which packs
@@ -85,9 +86,22 @@ def _title_clean(title) -> str:
     return text
 
 
+def client_id_of(*, key=None, user=None) -> str:
+    """Who asks, as answers and conversations record it (``client_id``): an API key
+    (``key:<id>``), else a user (``user:<id>``), else nobody (""). Named apart because a key and
+    a user may share a number: a conversation is its owner's alone, and a canary arm is sticky
+    per client."""
+    if key is not None:
+        return f"key:{key.pk}"
+    if user is not None and user.pk is not None:
+        return f"user:{user.pk}"
+    return ""
+
+
 def conversation_create(*, workspace: Workspace, owner=None, client_id: str = "", title: str = "") -> Conversation:
-    """A new conversation; untitled until its first question names it (``title`` may be given)."""
-    client_id = (client_id or (str(owner.pk) if owner is not None else ""))[:100]
+    """A new conversation; untitled until its first question names it (``title`` may be given).
+    ``client_id``: its owner's (``client_id_of``); default the ``owner`` user's."""
+    client_id = (client_id or client_id_of(user=owner))[:100]
     return Conversation.objects.create(
         workspace=workspace, owner=owner, client_id=client_id, title=_title_clean(title) if title else ""
     )

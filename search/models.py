@@ -212,7 +212,7 @@ class Conversation(models.Model):
     """A thread of questions: each answer is one turn of exactly one conversation, and a
     follow-up is read with the turns before it (search/conversations.py, docs/search.md).
 
-    Owned by who started it (``client_id``: a user's or an API key's id, as on an answer), and
+    Owned by who started it (``client_id``: ``user:<id>`` or ``key:<id>``, as on an answer), and
     read only by them: a conversation is someone's line of thought, not the workspace's."""
 
     workspace_path = "workspace"  # search.scoping: how a front door finds its rows
@@ -322,7 +322,7 @@ class Answer(models.Model):
                 id=self.id,
                 workspace_id=self.workspace_id,
                 owner_id=self.asker_id,
-                client_id=self.client_id or (str(self.asker_id) if self.asker_id else ""),
+                client_id=self.client_id or (f"user:{self.asker_id}" if self.asker_id else ""),
                 title=" ".join(self.question.split())[:200],
                 created_at=self.created_at,
                 updated_at=self.created_at,

@@ -30,6 +30,7 @@ from rest_framework.permissions import BasePermission
 from billing import client_keys
 from billing.models import ClientKey
 from frontdoors.api.errors import WWW_AUTHENTICATE, RestApiError
+from search.conversations import client_id_of
 from search.models import Workspace
 from search.scoping import workspaces_visible_to
 
@@ -48,8 +49,9 @@ class Access:
 
     @property
     def client_id(self) -> str:
-        """Whose canary arm applies: the key's id, else the user's (as answer_create defaults)."""
-        return str(self.key.pk) if self.key is not None else str(self.user.pk)
+        """Who asks (``key:<id>`` or ``user:<id>``): whose canary arm applies and whose
+        conversations these are (as answer_create defaults)."""
+        return client_id_of(key=self.key, user=self.user)
 
 
 class ClientKeyAuthentication(BaseAuthentication):

@@ -241,13 +241,14 @@ _PARAMS = {"question": "messages", "collections": None}
 def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
     """Start the answer (synchronous: the database and the router); ``OpenAIError`` when it is refused."""
     options = speculative.wanted(chat.speculative)
-    route_name, plan = _planned(chat.model, str(key.pk), options)
+    client_id = conversations.client_id_of(key=key)
+    route_name, plan = _planned(chat.model, client_id, options)
     try:
         answer = answers.answer_create(
             workspace=key.workspace,
             question=chat.question,
             client_key=key,
-            client_id=str(key.pk),
+            client_id=client_id,
             route_name=route_name,
             max_tokens=chat.max_tokens,
             temperature=chat.temperature,

@@ -108,7 +108,7 @@ def ask(request):
         conversation = None
         if form.cleaned_data.get("conversation"):
             conversation = conversations.conversation_of(
-                request.workspace, str(request.user.pk), form.cleaned_data["conversation"]
+                request.workspace, conversations.client_id_of(user=request.user), form.cleaned_data["conversation"]
             )
         answer = answer_create(
             workspace=request.workspace,
@@ -157,7 +157,10 @@ def answer_detail(request, answer_id):
         {**_answer_context(turn, stream=turn.status not in FINAL_ANSWER_STATUSES), "current": turn.pk == answer.pk}
         for turn in conversations.conversation_turns(conversation).select_related("asker")
     ]
-    owner = conversation.client_id == str(request.user.pk) and conversation.workspace_id == request.workspace.pk
+    owner = (
+        conversation.client_id == conversations.client_id_of(user=request.user)
+        and conversation.workspace_id == request.workspace.pk
+    )
     # A follow-up searches what the last turn searched, when that was one collection.
     last_collections = list(turns[-1]["answer"].collections.values_list("pk", flat=True)) if turns else []
     return render(
@@ -178,7 +181,7 @@ def answer_detail(request, answer_id):
 
 
 def _conversations_of(request):
-    return conversations.conversations_owned(request.workspace, str(request.user.pk))
+    return conversations.conversations_owned(request.workspace, conversations.client_id_of(user=request.user))
 
 
 @require_GET

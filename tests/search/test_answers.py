@@ -433,7 +433,7 @@ def test_without_a_route_the_answer_is_extractive_streamed_and_done_at_once(corp
     assert answer.mode == Answer.Mode.EXTRACTIVE
     assert answer.status == Answer.Status.DONE
     assert answer.finished_at is not None and answer.error == ""
-    assert answer.client_id == str(asker.pk)
+    assert answer.client_id == f"user:{asker.pk}"
     assert list(answer.collections.all()) == [collection]
     hits = hits_for(workspace, question)
     assert [(s["number"], s["chunk_id"], s["document_id"]) for s in answer.sources] == [

@@ -55,7 +55,7 @@ def test_the_first_question_starts_a_conversation_titled_by_it(travel, ann):
 
     conversation = answer.conversation
     stored = Conversation.objects.get(pk=conversation.pk)
-    assert (stored.title, stored.owner, stored.client_id, stored.workspace) == (FIRST, ann, str(ann.pk), workspace)
+    assert (stored.title, stored.owner, stored.client_id, stored.workspace) == (FIRST, ann, f"user:{ann.pk}", workspace)
     assert list(stored.answers.all()) == [answer]
     assert answer.retrieval_query == FIRST and "followup" not in answer.stats
     assert stored.created_at == stored.updated_at == answer.created_at

@@ -120,3 +120,48 @@ def test_answers_asked_before_conversations_become_conversations_of_one_turn(wor
         assert conversation.created_at == conversation.updated_at == answer.created_at
     finally:
         migrate_to_latest()
+
+
+def test_bare_client_ids_are_named_a_users_or_a_keys(workspace):
+    """A number was a user's id or an API key's: the asker's own is the user's, any other a key's."""
+    from django.contrib.auth import get_user_model
+
+    from search.models import Answer, Conversation
+
+    ann = get_user_model().objects.create_user("ann")
+    before = [("search", "0008_conversations")]
+    ids = {}
+    try:
+        migrate(before)
+        apps = MigrationExecutor(connection).loader.project_state(before).apps
+        old_answer, old_conversation = apps.get_model("search", "Answer"), apps.get_model("search", "Conversation")
+        for name, asker, client_id in (
+            ("ann's", ann.pk, str(ann.pk)),  # the UI, or the REST API with ann's session
+            ("a key's", None, str(ann.pk)),  # a key that has ann's number
+            ("a key's, asked as ann", ann.pk, str(ann.pk + 41)),
+            ("a tool's", None, "eval"),
+            ("nobody's", None, ""),
+        ):
+            conversation = old_conversation.objects.create(
+                workspace_id=workspace.pk, owner_id=asker, client_id=client_id, title=name
+            )
+            answer = old_answer.objects.create(
+                workspace_id=workspace.pk, asker_id=asker, client_id=client_id, question=name, conversation=conversation
+            )
+            ids[name] = (conversation.pk, answer.pk)
+        migrate_to_latest()
+        named = {
+            name: (Conversation.objects.get(pk=c).client_id, Answer.objects.get(pk=a).client_id)
+            for name, (c, a) in ids.items()
+        }
+        assert named == {
+            "ann's": (f"user:{ann.pk}", f"user:{ann.pk}"),
+            "a key's": (f"key:{ann.pk}", f"key:{ann.pk}"),
+            "a key's, asked as ann": (f"key:{ann.pk + 41}", f"key:{ann.pk + 41}"),
+            "a tool's": ("eval", "eval"),
+            "nobody's": ("", ""),
+        }
+        migrate(before)  # and back
+        assert Conversation.objects.get(pk=ids["a key's"][0]).client_id == str(ann.pk)
+    finally:
+        migrate_to_latest()

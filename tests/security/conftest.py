@@ -41,7 +41,8 @@ class Tenant:
     collection: Collection
     documents: list[Document]  # ingested (indexed)
     failed_document: Document  # stored, its ingestion failed: retryable
-    answer: Answer  # done (extractive: no route is configured in tests)
+    answer: Answer  # asked with the key (extractive: no route is configured in tests), done
+    member_answer: Answer  # the same question asked by the member, in a conversation of the member's
     chunk: Chunk
     key: ClientKey
     token: str  # the key's bearer token, every scope
@@ -59,14 +60,17 @@ def _tenant_fill(workspace: Workspace, collection: Collection, texts: dict[str, 
     key, token = client_keys.client_key_create(workspace, f"{workspace.slug} key", scopes=ALL_SCOPES)
     user = get_user_model().objects.create_user(username=f"{workspace.slug}-member", password=PASSWORD)
     Membership.objects.create(workspace=workspace, user=user)
-    answer = answer_create(workspace=workspace, question=question, asker=user, client_key=key)
-    assert (answer.status, answer.mode) == (Answer.Status.DONE, Answer.Mode.EXTRACTIVE), answer.error
+    answer = answer_create(workspace=workspace, question=question, client_key=key)
+    member_answer = answer_create(workspace=workspace, question=question, asker=user)
+    for done in (answer, member_answer):
+        assert (done.status, done.mode) == (Answer.Status.DONE, Answer.Mode.EXTRACTIVE), done.error
     return Tenant(
         workspace=workspace,
         collection=collection,
         documents=list(Document.objects.filter(pk__in=document_ids).order_by("pk")),
         failed_document=failed,
         answer=answer,
+        member_answer=member_answer,
         chunk=Chunk.objects.filter(document_id__in=document_ids).order_by("pk").first(),
         key=key,
         token=token,

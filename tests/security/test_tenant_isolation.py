@@ -342,7 +342,8 @@ def ui_ask(c: Caller, route: str) -> None:
     assert page.status_code == 200
     refused = c.call(c.member, "POST", "/ask/", {"q": SECRET_SENTENCE, "collection": c.b.collection.pk})
     assert refused.status_code == 302 and answers.count() == before + 1
-    assert not Answer.objects.filter(collections=c.b.collection).exclude(pk=c.b.answer.pk).exists()
+    fixtures = (c.b.answer.pk, c.b.member_answer.pk)
+    assert not Answer.objects.filter(collections=c.b.collection).exclude(pk__in=fixtures).exists()
 
 
 def ui_list(path: str, shown: Callable[[Tenant], str]) -> Probe:
@@ -389,7 +390,7 @@ ROUTES: dict[str, Probe] = {
     # Browser UI: session of A's member.
     "": ui_search,
     "ask/": ui_ask,
-    "answers/": ui_list("/answers/", lambda tenant: tenant.answer.question),
+    "answers/": ui_list("/answers/", lambda tenant: tenant.member_answer.question),
     "conversations/<uuid:conversation_id>/rename/": ui_not_found("POST"),
     "conversations/<uuid:conversation_id>/delete/": ui_not_found("POST"),
     "answers/<uuid:answer_id>/": ui_not_found("GET"),

@@ -92,7 +92,7 @@ def test_an_extractive_answer_is_accepted_done_and_read_back(client_for, make_ke
     assert body["stream_url"] == body["url"] + "/stream"
     answer = Answer.objects.get(pk=body["id"])
     key_id = client.get("/api/v1/usage").json()["client_key"]["id"]
-    assert (answer.workspace, answer.asker, answer.client_id) == (acme, None, str(key_id))
+    assert (answer.workspace, answer.asker, answer.client_id) == (acme, None, f"key:{key_id}")
 
     detail = client.get(body["url"]).json()
     assert detail == body

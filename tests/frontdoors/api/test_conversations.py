@@ -3,6 +3,8 @@ with their answers, renamed, deleted; questions asked within one are read as fol
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from search.models import Answer, Conversation
@@ -82,6 +84,39 @@ def test_a_key_sees_only_its_own_conversations(travel, make_key, client_for):
         },
     )
     assert Conversation.objects.get(pk=their_answer["conversation"]).answers.count() == 1
+
+
+def test_a_key_and_a_user_of_the_same_number_own_nothing_of_each_others(travel, acme, make_key, client_for):
+    """Keys and users are numbered apart, and may share a number: a conversation is its owner's
+    alone, a session's or a key's."""
+    from django.contrib.auth import get_user_model
+
+    from billing.models import ClientKey
+    from search.models import Membership
+
+    token = make_key("generate")
+    key = ClientKey.objects.get(workspace=acme)
+    while (user := get_user_model().objects.create_user(f"user-{uuid.uuid4().hex[:8]}")).pk < key.pk:
+        pass
+    while key.pk < user.pk:
+        token = make_key("generate")
+        key = ClientKey.objects.order_by("-pk").first()
+    assert key.pk == user.pk
+    Membership.objects.create(workspace=acme, user=user)
+    session = client_for()
+    session.force_login(user)
+    users = session.post("/api/v1/answers", {"question": FIRST}, format="json").json()["conversation"]
+
+    api = client_for(token)
+    assert api.get("/api/v1/conversations").json()["count"] == 0
+    assert api.get(f"/api/v1/conversations/{users}").status_code == 404
+    refused = api.post("/api/v1/answers", {"question": FOLLOW_UP, "conversation": users}, format="json")
+    assert (refused.status_code, refused.json()["error"]["field"]) == (400, "conversation")
+    keys = api.post("/api/v1/answers", {"question": FIRST}, format="json").json()["conversation"]
+    assert [item["id"] for item in session.get("/api/v1/conversations").json()["results"]] == [users]
+    assert [item["id"] for item in api.get("/api/v1/conversations").json()["results"]] == [keys]
+    assert Conversation.objects.get(pk=users).client_id == f"user:{user.pk}"
+    assert Conversation.objects.get(pk=keys).client_id == f"key:{key.pk}"
 
 
 def test_bad_conversation_requests_name_the_field(travel, make_key, client_for):

@@ -93,7 +93,7 @@ def test_a_chat_completion_is_the_extractive_answer_with_its_citations(site, wor
     )
     answer = answer_of(completion.id)
     assert (answer.mode, answer.status, answer.question) == ("extractive", "done", QUESTION[0]["content"])
-    assert answer.client_id == str(answer.workspace.client_keys.get().pk)
+    assert answer.client_id == f"key:{answer.workspace.client_keys.get().pk}"
     assert completion.object == "chat.completion" and completion.model == "extractive"
     [choice] = completion.choices
     assert (choice.message.role, choice.message.content, choice.finish_reason) == ("assistant", answer.text, "stop")
