@@ -5,11 +5,12 @@ On that path, compiling an ORM query costs several times its round trip to Postg
 several ORM calls (a route with its provider, its live canary release and a key; a client
 key with its workspace). ``Rows`` lists the columns of several models for a SELECT and
 turns a result row back into instances the way the ORM does (``Model.from_db`` and each
-field's ``from_db_value``); ``insert_together`` writes new rows of several tables in one
-statement (the ORM's own INSERTs, joined as data-modifying CTEs). Used by the routing statements (``inference.router``,
+field's ``from_db_value``). Used by the routing statements (``inference.router``,
 ``inference.keypool``), the client key's check (``billing.client_keys``), the price a
 budgeted key's request is admitted at (``billing.pricing``) and the collections of a
-workspace an answer searches (``search.scoping``).
+workspace an answer searches (``search.scoping``). ``insert_together`` writes new rows of
+several tables in one statement (the ORM's own INSERTs, joined as data-modifying CTEs): an
+answer with its conversation and collections (``search.answers``).
 """
 
 from __future__ import annotations
@@ -62,10 +63,9 @@ def insert_together(*groups: list[Model]) -> None:
     atomic by itself, one round trip where ``transaction.atomic`` around one ``save`` each
     costs a BEGIN, a statement each and a COMMIT. Each INSERT is the one the ORM would send
     (every concrete column, values prepared by their fields), written as a data-modifying
-    CTE; the foreign keys between them hold because Django makes every
-    constraint DEFERRABLE INITIALLY DEFERRED (checked once the statement commits). An
-    auto-incremented primary key left unset is the database's to assign, and is not read
-    back. Sends no ``pre_save``/``post_save`` signals: for models that have no receivers."""
+    CTE; the foreign keys between them hold because Django makes every constraint DEFERRABLE
+    INITIALLY DEFERRED (checked once the statement commits). An auto-incremented primary key
+    left unset is the database's to assign, and is not read back. Sends no ``pre_save``/``post_save`` signals: for models that have no receivers."""
     parts, params = [], []
     for objs in (group for group in groups if group):
         model = type(objs[0])
