@@ -65,7 +65,8 @@ def insert_together(*groups: list[Model]) -> None:
     (every concrete column, values prepared by their fields), written as a data-modifying
     CTE; the foreign keys between them hold because Django makes every constraint DEFERRABLE
     INITIALLY DEFERRED (checked once the statement commits). An auto-incremented primary key
-    left unset is the database's to assign, and is not read back. Sends no ``pre_save``/``post_save`` signals: for models that have no receivers."""
+    left unset is the database's to assign, and is not read back. Sends no ``pre_save`` or
+    ``post_save`` signals: for models that have no receivers."""
     parts, params = [], []
     for objs in (group for group in groups if group):
         model = type(objs[0])
