@@ -197,7 +197,7 @@ def _answer_store(answer: Answer) -> None:
     conversation = answer.conversation
     new_conversation = conversation._state.adding
     links = [
-        Answer.collections.through(answer_id=answer.pk, collection_id=getattr(collection, "pk", collection))
+        Answer.collections.through(answer_id=answer.pk, collection_id=collection.pk)
         for collection in answer.chosen_collections
     ]
     try:

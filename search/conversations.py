@@ -220,7 +220,8 @@ class FollowupReading:
         return record
 
 
-def _words(text: str) -> list[str]:
+def words_of(text: str) -> list[str]:
+    """The words of a question as follow-ups are read (a hyphenated or elided word is one)."""
     return _WORD.findall(text)
 
 
@@ -265,8 +266,8 @@ def followup_terms(question: str, history: list[Turn], collections: list[Collect
     latest, older = history[-1].question.strip(), [turn.question for turn in history[-TERMS_TURNS:-1]][::-1]
     terms: tuple[str, ...] = ()
     if older:
-        candidates = [_words(text) for text in older]  # the latest first
-        own = _words(question) + _words(latest)
+        candidates = [words_of(text) for text in older]  # the latest first
+        own = words_of(question) + words_of(latest)
         weights = word_weights(sorted({*own, *(word for words in candidates for word in words)}), collections)
         present = {weights[word][0] for word in own if word in weights}
         scored: dict[str, tuple[float, str]] = {}  # lexeme -> (score, the word as written)

@@ -14,7 +14,6 @@ billed: its generation was sent.
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from dataclasses import replace
@@ -26,7 +25,7 @@ from inference import router
 from inference.streams import stream_read
 from search import prompting
 from search.abstention import QUESTION_STOP_WORDS
-from search.conversations import Turn
+from search.conversations import Turn, words_of
 
 REWRITE_MAX_TOKENS = 64
 ANSWER_CHARS = 400
@@ -65,11 +64,8 @@ def rewrite_messages(question: str, history: list[Turn]) -> list[dict]:
     ]
 
 
-_WORD = re.compile(r"\w+")
-
-
 def _words(text: str) -> set[str]:
-    return {word.lower() for word in _WORD.findall(text)}
+    return {word.lower() for word in words_of(text)}
 
 
 def _cleaned(text: str, question: str) -> str:
