@@ -144,7 +144,7 @@ def _upstream_route(name: str, upstream: str, *, default: bool):
     key.set_secret(secret)
     key.save()
     # What is timed is the path to the upstream and back: every request generates (a workspace
-    # without documents would otherwise decline at once, search.abstention).
+    # without documents would otherwise decline at once, search.answering.abstention).
     route = Route.objects.create(
         name=name, provider=provider, is_default=default, max_tokens=64, temperature=0.0, abstains=False
     )

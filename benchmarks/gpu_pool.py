@@ -49,7 +49,7 @@ default). No draft ships with it, so ``vllm_draft`` is refused; the configuratio
 ``vllm_off,vllm_ngram`` and the levels to 1, 4 and 16 (``inhouse`` and ``direct`` may be listed:
 both serve any model folder with a chat template). Prompts:
 ``benchmarks.specdec.demo_rag_messages``, as the product sends them
-(``search.prompting.answer_messages``): the demo route's instruction
+(``search.answering.prompting.answer_messages``): the demo route's instruction
 (``inference.serving.DEMO_ROUTE``) followed by three Cranfield documents, whole and as the corpus
 ships them (its ``citing="verifier"`` layout: plain text in the system message; its stop sequence is
 not sent, so that every answer runs to its EOS or ``--max-tokens``), the query's three judged most

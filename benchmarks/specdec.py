@@ -24,7 +24,7 @@ figure that speaks for the engine itself.
 engine server loads it (``inference.engine.models.models_load``). Prompts: ``demo_rag_messages``
 (the demo route's instructions followed by each Cranfield query's three judged most relevant
 documents as plain text, then the question, laid out as the demo route's ``citing="verifier"``
-gives them; ``search.prompting.answer_messages``) as the model's chat
+gives them; ``search.answering.prompting.answer_messages``) as the model's chat
 template encodes them. The model stops at its EOS, so a completion is at most ``--tokens``
 and ``tokens`` counts what was generated. Methods: plain greedy, transformers greedy, ours
 with prompt lookup, transformers' prompt lookup; the draft methods are skipped (no draft ships
@@ -127,14 +127,14 @@ def rag_prompts(tokenizer, count: int) -> list[list[int]]:
 
 
 def demo_rag_messages(system_prompt: str, *, citing: str = "model", rotations: int = 1) -> list[list[dict]]:
-    """RAG chat prompts as the product builds them (``search.prompting.answer_messages``, laid out for
+    """RAG chat prompts as the product builds them (``search.answering.prompting.answer_messages``, laid out for
     ``citing`` as the route's ``Route.citing``): the system prompt, then, for each Cranfield query
     with three judged-relevant documents, its three most relevant (highest grade first, then lowest
     id) as sources [1]..[3], whole and as the corpus ships them, and its question. Rotation r
     repeats every query with its sources turned r places, so that no prompt shares more than the
     system prompt's prefix with an earlier one."""
+    from search.answering.prompting import Source, answer_messages
     from search.beir import corpus_read, qrels_read, queries_read
-    from search.prompting import Source, answer_messages
 
     documents = {d.id: d for d in corpus_read(CRANFIELD) if d.text}
     qrels = qrels_read(CRANFIELD)

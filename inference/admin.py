@@ -275,6 +275,7 @@ class RouteAdmin(admin.ModelAdmin):
         "citing",
         "stop",
         "abstains",
+        "languages",
         "created_at",
         "updated_at",
     ]

@@ -280,6 +280,14 @@ class Route(models.Model):
         "quote them instead when nothing generated is supported by them (docs/answers.md); off: the model "
         "answers whatever was found.",
     )
+    # The languages its model answers in (ISO 639-1 codes, as search.analysis names them): a
+    # question in another is answered from the sources' own sentences, saying why; empty: any.
+    languages = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='The languages the model answers in, e.g. ["en"] or ["ja", "en"]; a question in another is'
+        " answered with the sources' own sentences. Empty: any.",
+    )
     enabled = models.BooleanField(default=True)
     fallbacks = models.ManyToManyField(
         "self", through="RouteFallback", through_fields=("route", "fallback"), symmetrical=False, related_name="+"
@@ -297,6 +305,10 @@ class Route(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def answers_in(self, language: str) -> bool:
+        """Whether its model answers a question in ``language`` (an ISO 639-1 code)."""
+        return not self.languages or language in self.languages
 
     def fallback_routes(self) -> list[Route]:
         """The fallbacks in their order (enabled ones only)."""

@@ -55,6 +55,8 @@ DEMO_ROUTE = {
     # answers ran on to max_tokens, mostly restating themselves).
     "stop": ["\n\n"],
     "system_prompt": "Answer the user's question in one sentence, using only this text:",
+    # SmolLM2-135M-Instruct was trained on English: a Japanese question is answered extractively.
+    "languages": ["en"],
 }
 # Sampling for RAG on a pool whose operator set none: answers quote their sources, so a
 # penalty on the prompt's tokens (repetition_penalty) would fight the quotes; a small one on

@@ -2,8 +2,8 @@
 
 ``MiddlewareMixin.__acall__`` runs every ``process_request`` and ``process_response`` of a
 middleware through ``sync_to_async``, and Django adapts a synchronous ``process_view`` the
-same way: under uvicorn each hook is a trip to a thread and back, 15 per request for the
-eight middleware below. Their hooks compute headers and lazy objects and touch no database,
+same way: under uvicorn each hook is a trip to a thread and back, 17 per request for the
+nine middleware below. Their hooks compute headers and lazy objects and touch no database,
 so ``install`` (from ``RagsiteConfig.ready``) makes them run in the event loop; where a hook
 may reach the database (a session to save, messages kept in the session) it still goes to
 the thread, as Django does. Django raises ``SynchronousOnlyOperation`` for database access
@@ -49,6 +49,7 @@ INLINE = {
     "django.middleware.security.SecurityMiddleware": _never,
     "csp.middleware.CSPMiddleware": _never,
     "django.contrib.sessions.middleware.SessionMiddleware": _session_needs_thread,  # a lazy session
+    "django.middleware.locale.LocaleMiddleware": _never,  # the cookie and Accept-Language; headers
     "django.middleware.common.CommonMiddleware": _never,
     CSRF: _never,  # the token lives in a cookie (CSRF_USE_SESSIONS is checked)
     "django.contrib.auth.middleware.AuthenticationMiddleware": _never,  # request.user is lazy: read in a view's thread

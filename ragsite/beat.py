@@ -25,7 +25,7 @@ BEAT_SCHEDULE = {
         "options": {"expires": 60},
     },
     # Fails answers whose generation's message was lost, an hour after they were asked
-    # (search/answers.py answers_reap; every other end comes through the ledger's drain).
+    # (search/answering/answers.py answers_reap; every other end comes through the ledger's drain).
     "answers-reap": {
         "task": "search.tasks.answers_reap",
         "schedule": 300.0,

@@ -132,7 +132,7 @@ ANSWERS_CHECKED = Counter(
 )
 ANSWER_GROUNDED = Histogram(
     "ragsite_answer_grounded_share",
-    "The share of an answer's sentences that a cited passage supports (search/verification.py).",
+    "The share of an answer's sentences that a cited passage supports (search/answering/verification.py).",
     ["mode"],
     buckets=(0.0, 0.25, 0.5, 0.75, 0.99, 1.0),
 )

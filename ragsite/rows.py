@@ -10,7 +10,7 @@ field's ``from_db_value``). Used by the routing statements (``inference.router``
 budgeted key's request is admitted at (``billing.pricing``) and the collections of a
 workspace an answer searches (``search.scoping``). ``insert_together`` writes new rows of
 several tables in one statement (the ORM's own INSERTs, joined as data-modifying CTEs): an
-answer with its conversation and collections (``search.answers``).
+answer with its conversation and collections (``search.answering.answers``).
 """
 
 from __future__ import annotations

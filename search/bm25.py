@@ -21,6 +21,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import connection, transaction
 
+from search import analysis
 from search.models import Collection
 from search.query_syntax import ParsedQuery
 
@@ -46,14 +47,13 @@ def weights_params(avgdl: float) -> dict:
     return {"avgdl": avgdl, "k1": settings.BM25_K1, "b": settings.BM25_B}
 
 
-def staging_avgdl(cursor, config: str, staging_table: str) -> float:
-    """The average ranked length of the texts in ``staging_table`` (column ``text``) under
-    ``config``: a collection's first documents set its length normalisation."""
+def staging_avgdl(cursor, staging_table: str) -> float:
+    """The average ranked length of the chunks in ``staging_table`` (columns ``ts_config``,
+    ``text`` and ``lexemes``): a collection's first documents set its length normalisation."""
     cursor.execute(
         "SELECT avg((SELECT sum(coalesce(array_length(u.positions, 1), 1))"
-        " FROM unnest(search_tsvector(%s::regconfig, s.text)) u"
-        f" WHERE search_bm25_lexeme(u.lexeme))) FROM {staging_table} s",
-        [config],
+        " FROM unnest(search_tsvector(s.ts_config::regconfig, coalesce(s.lexemes, s.text))) u"
+        f" WHERE search_bm25_lexeme(u.lexeme))) FROM {staging_table} s"
     )
     return float(cursor.fetchone()[0] or 1.0)
 
@@ -221,16 +221,21 @@ def keyword_filter_sql(parsed: ParsedQuery) -> str:
 
 
 def texts_lexemes(texts: list[str], config: str, *, numbers: bool = True) -> list[list[str]]:
-    """Each text's BM25 lexemes as keyword search analyses text (``search_tsvector`` under
-    ``config``), all texts in one statement; ``numbers=False`` leaves out lexemes of digits
-    only (compared as numbers by the caller). Used to compare sentences with passages
-    (``search.verification``, ``search.abstention``)."""
+    """Each text's BM25 lexemes as keyword search analyses text, all texts in one statement:
+    each in its own language (search.analysis: a Japanese text's words analysed first, then
+    ``search_tsvector`` under ``search_japanese``; others under ``config``). ``numbers=False``
+    leaves out lexemes of digits only (compared as numbers by the caller). Used to compare
+    sentences with passages (``search.answering.verification``, ``search.answering.abstention``)."""
+    analysed = [analysis.analysed(text, language=analysis.AUTO, config=config) for text in texts]
     digits = "" if numbers else " AND lexeme !~ '^[0-9]+$'"
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT array(SELECT lexeme FROM unnest(search_tsvector(%s::regconfig, t))"
+            "SELECT array(SELECT lexeme FROM unnest(search_tsvector(c::regconfig, t))"
             f" WHERE search_bm25_lexeme(lexeme){digits})"
-            " FROM unnest(%s::text[]) WITH ORDINALITY AS x(t, i) ORDER BY i",
-            [config, texts],
+            " FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS x(c, t, i) ORDER BY i",
+            [
+                [c for c, _ in analysed],
+                [terms if terms is not None else text for (_, terms), text in zip(analysed, texts, strict=True)],
+            ],
         )
         return [list(row[0]) for row in cursor.fetchall()]

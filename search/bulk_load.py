@@ -7,11 +7,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from django.db import connection, transaction
+from tqdm import tqdm
 
 from search.beir import corpus_read
+from search.bm25 import collection_bm25_refresh
 from search.ingest.pipeline import documents_ingest, documents_prepare, documents_write
 from search.models import Collection, Document
-from search.services import DocumentRejected, document_create
+from search.services import DocumentRejected, collection_create, document_create
 
 # Documents per pipeline run: enough chunks for full embedder calls and one commit per batch.
 BATCH_DOCUMENTS = 256
@@ -137,3 +139,30 @@ def _write_in_thread(prepared) -> None:
         documents_write(prepared)
     finally:
         connection.close()  # this thread's own connection
+
+
+def beir_collection_ingested(
+    workspace, directory: Path, *, text_search_config: str | None = None, log: Callable[[str], None] | None = None
+) -> Collection:
+    """The workspace's collection of a BEIR corpus (``beir:<folder>``, a configuration's name
+    after a colon when not the default), stored and ingested where it is not yet: evaluation
+    commands ask over it. Progress goes to a bar, refusals and failures to ``log``."""
+    default = Collection._meta.get_field("text_search_config").default
+    config = text_search_config or default
+    name = f"beir:{directory.resolve().name}" + (f":{config}" if config != default else "")
+    collection = collection_create(workspace=workspace, name=name, text_search_config=config)
+    if collection.text_search_config != config:
+        raise ValueError(f"{collection.name} exists with text_search_config {collection.text_search_config}")
+    log = log or (lambda line: None)
+    new, refused = beir_store(collection, directory)
+    if refused and new:
+        log(f"{len(refused)} corpus entries refused, e.g. {refused[0]}")
+    todo = pending(collection)
+    if todo:
+        log(f"ingesting {len(todo)} documents ({len(new)} new) into {collection.name}")
+        with tqdm(total=len(todo), unit="doc", desc="ingest", disable=None) as bar:
+            ingest_in_batches(todo, on_documents_done=bar.update)
+        collection_bm25_refresh(collection_id=collection.pk)
+    for document in Document.objects.filter(collection=collection, status=Document.Status.FAILED)[:20]:
+        log(f"failed: {document.source_name}: {document.error}")
+    return collection

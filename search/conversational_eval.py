@@ -5,12 +5,12 @@ Each judged question becomes a conversation of two turns, judged with the questi
 qrels: a first turn that names its subject, then a follow-up that refers back to it without
 naming it. ``manage.py eval_retrieval DIR --conversational`` retrieves for the question, for
 the follow-up alone and for the follow-up read with its first turn
-(``search.conversations.followup_terms``).
+(``search.answering.conversations.followup_terms``).
 
 The rule (``conversation_built``) is the same on any collection and never reads the
 judgements. The subject is the question's ``SUBJECT_WORDS`` (3) most telling words: those of
 highest IDF in the collection, as keyword search weighs them
-(``search.conversations.word_weights``; a tie goes to the earlier word), two forms of one
+(``search.answering.conversations.word_weights``; a tie goes to the earlier word), two forms of one
 stem counting once, never more than half of the question's stems (one at least), so that the
 follow-up keeps a question of its own. Words that ask rather than name (``FUNCTION_WORDS``:
 "what", "how", "can") and words no chunk holds are never the subject: the first are rare in
@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from search.conversations import word_weights
+from search.answering.conversations import word_weights
 from search.models import Collection
 
 SUBJECT_WORDS = 3
@@ -59,7 +59,7 @@ FUNCTION_WORDS = frozenset(
 # becomes "it of", not "the it of").
 _ARTICLES = frozenset({"a", "an", "the"})
 
-# The words of a text as search.conversations reads them, so that its weights apply.
+# The words of a text as search.answering.conversations reads them, so that its weights apply.
 _WORD = re.compile(r"\w[\w'-]*\w|\w", re.UNICODE)
 
 

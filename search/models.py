@@ -13,6 +13,7 @@ from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 from django.db.models import F, Func, Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from pgvector.django import SparseVectorField, VectorField
 
@@ -84,6 +85,17 @@ class Collection(models.Model):
         help_text=(
             "PostgreSQL text-search configuration: search_english (English as BM25 references analyse it),"
             " or any other, e.g. german, simple."
+        ),
+    )
+    # The language chunks and queries are analysed in (search/analysis): "auto" reads each
+    # one's own, so a collection of Japanese and English documents indexes each in its language.
+    language = models.CharField(
+        max_length=8,
+        choices=[("auto", "Each text's own"), ("ja", "Japanese"), ("en", "English")],
+        default="auto",
+        help_text=(
+            "The language chunks and queries are analysed in: auto reads each one's own (Japanese or the"
+            " text-search configuration's language); ja or en fixes it."
         ),
     )
     # Corpus statistics for BM25, maintained in the same transaction as the chunks.
@@ -169,9 +181,17 @@ class Chunk(models.Model):
     # own partial HNSW index over ``embedding::halfvec(N)`` (see search/vector_indexes.py).
     embedding = VectorField()
     ts_config = RegConfigField()
-    # Lexemes of the text, analysed by search_tsvector (search/text_normalization.py).
+    # The text's words as search.analysis read them, joined by spaces, where PostgreSQL cannot
+    # split the text itself (Japanese, under search_japanese); None where it can.
+    lexemes = models.TextField(null=True, blank=True)  # noqa: DJ001 (NULL: PostgreSQL splits the text)
+    # Lexemes of the text (or of ``lexemes``), analysed by search_tsvector (search/text_normalization.py).
     tsv = models.GeneratedField(
-        expression=Func(F("ts_config"), F("text"), function="search_tsvector", output_field=SearchVectorField()),
+        expression=Func(
+            F("ts_config"),
+            Coalesce(F("lexemes"), F("text")),
+            function="search_tsvector",
+            output_field=SearchVectorField(),
+        ),
         output_field=SearchVectorField(),
         db_persist=True,
     )
@@ -210,7 +230,7 @@ class TermStat(models.Model):
 
 class Conversation(models.Model):
     """A thread of questions: each answer is one turn of exactly one conversation, and a
-    follow-up is read with the turns before it (search/conversations.py, docs/search.md).
+    follow-up is read with the turns before it (search/answering/conversations.py, docs/search.md).
 
     Owned by who started it (``client_id``: ``user:<id>`` or ``key:<id>``, as on an answer), and
     read only by them: a conversation is someone's line of thought, not the workspace's."""
@@ -288,13 +308,13 @@ class Answer(models.Model):
     )
     # The sources did not answer the question (retrieval below the calibrated threshold, or
     # nothing in the generated text supported by a source): the text says so in one sentence
-    # and ``stats["closest"]`` lists the nearest passages (search/abstention.py).
+    # and ``stats["closest"]`` lists the nearest passages (search/answering/abstention.py).
     abstained = models.BooleanField(default=False)
-    # The share of the answer's sentences that a cited source supports (search/verification.py);
+    # The share of the answer's sentences that a cited source supports (search/answering/verification.py);
     # None when nothing was checked (a failed answer, an abstention).
     grounded = models.FloatField(null=True, blank=True)
     # Per sentence: {start, end, citations, support, supported, action}, and the counts of
-    # markers removed, sentences re-attributed, citations added (search/verification.py).
+    # markers removed, sentences re-attributed, citations added (search/answering/verification.py).
     verification = models.JSONField(default=dict, blank=True)
     stats = models.JSONField(default=dict, blank=True)
     # request_ms (the request's arrival to created_at, when a web request asked), then from

@@ -14,6 +14,7 @@ has no syntax: its quotation marks quote, its hyphens join, and every word ranks
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from search.text_normalization import text_prepare
@@ -40,6 +41,16 @@ class ParsedQuery:
     def rank_text(self) -> str:
         """The words BM25 scores, repeats kept: optional words and the words of required phrases."""
         return " ".join(self.optional + self.phrases)
+
+    def analysed(self, analyse: Callable[[str], str]) -> ParsedQuery:
+        """The same query with each word and phrase replaced by ``analyse``'s terms for it (a
+        language PostgreSQL cannot split, search.analysis); what has no term is dropped."""
+        return ParsedQuery(
+            optional=[terms for word in self.optional if (terms := analyse(word))],
+            phrases=[terms for phrase in self.phrases if (terms := analyse(phrase))],
+            excluded=[terms for word in self.excluded if (terms := analyse(word))],
+            syntax=self.syntax,
+        )
 
     def required_websearch(self, config: str) -> str:
         """A ``websearch_to_tsquery`` string for what must (not) match.

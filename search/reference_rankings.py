@@ -17,6 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from search import analysis
+from search.analysis import japanese
+
 RRF_K = 60
 FUSION_DEPTH = 100
 
@@ -43,15 +46,29 @@ def _top(scores: np.ndarray, depth: int) -> list[int]:
 
 
 def bm25_rankings(
-    texts: Sequence[str], queries: Sequence[str], *, depth: int, k1: float = 1.5, b: float = 0.75
+    texts: Sequence[str],
+    queries: Sequence[str],
+    *,
+    depth: int,
+    k1: float = 1.5,
+    b: float = 0.75,
+    language: str = analysis.ENGLISH,
 ) -> list[list[int]]:
-    """For each query, the indices of ``texts`` that bm25s ranks best."""
+    """For each query, the indices of ``texts`` that bm25s ranks best. Japanese is split by
+    the product's own analyser (search.analysis.japanese), so that the reference differs from
+    ours in the ranking only."""
     bm25s, stemmer = _bm25s()
-    corpus = bm25s.tokenize(list(texts), stopwords="en", stemmer=stemmer, show_progress=False)
     retriever = bm25s.BM25(k1=k1, b=b, method="lucene")
-    retriever.index(corpus, show_progress=False)
-    vocabulary = corpus.vocab
-    asked = bm25s.tokenize(list(queries), stopwords="en", stemmer=stemmer, return_ids=False, show_progress=False)
+    if language == analysis.JAPANESE:
+        vocabulary: dict[str, int] = {}
+        ids = [[vocabulary.setdefault(term, len(vocabulary)) for term in japanese.terms(text)] for text in texts]
+        retriever.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocabulary), show_progress=False)
+        asked = [japanese.terms(query) for query in queries]
+    else:
+        corpus = bm25s.tokenize(list(texts), stopwords="en", stemmer=stemmer, show_progress=False)
+        retriever.index(corpus, show_progress=False)
+        vocabulary = corpus.vocab
+        asked = bm25s.tokenize(list(queries), stopwords="en", stemmer=stemmer, return_ids=False, show_progress=False)
     rankings = []
     for tokens in asked:
         known = [token for token in tokens if token in vocabulary]  # repeats kept: they weigh

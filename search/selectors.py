@@ -20,8 +20,9 @@ from django.db import connection, transaction
 
 from ragsite import metrics
 from ragsite.errors import DomainError
-from search import bm25
-from search.embedders import query_embedding
+from search import analysis, bm25
+from search.analysis import highlight
+from search.embedders import embedder_languages, query_embedding
 from search.models import Collection, Workspace
 from search.query_syntax import SYNTAXES, ParsedQuery, query_parse
 from search.scoping import collections_chosen
@@ -54,6 +55,8 @@ class SearchHit:
     dense_rank: int | None
     keyword_rank: int | None
     snippet_html: str
+    # The document's own date (ISO 8601, from its metadata), when it states one.
+    document_date: str | None = None
 
 
 @dataclass
@@ -70,14 +73,24 @@ class SearchResult:
 
 
 @dataclass(frozen=True)
-class _Scope:
-    """What a search runs over: its collections, and the one embedding model (with its
-    dimensions) and text-search language they share."""
+class _DenseGroup:
+    """Collections of one embedding model: one dense ranking, with the query embedded by it."""
 
-    collections: list[Collection]
     model: str
     dimensions: int
+    collection_ids: list[int]
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """What a search runs over: its collections, their embedding models and the text-search
+    configuration they share."""
+
+    collections: list[Collection]
+    dense_groups: list[_DenseGroup]
     config: str
+    # The collections' language setting (search.analysis): "auto" when they differ.
+    language: str
 
 
 @metrics.search_timed  # ragsite_search_duration_seconds{mode}
@@ -124,10 +137,16 @@ def chunk_search(
         return SearchResult(query=query, mode=mode, hits=[], timings_ms={"total": 0.0})
 
     candidates = max(top_k, candidates or settings.SEARCH_CANDIDATES)
-    parsed = query_parse(query, syntax=syntax)
-    params = _params(scope, parsed, candidates=candidates, top_k=top_k, per_document=per_document, metadata=metadata)
+    query_language = analysis.language_resolved(scope.language, query)
+    config, parsed = _query_analysed(scope, query_language, query_parse(query, syntax=syntax))
+    params = _params(
+        scope, config, parsed, candidates=candidates, top_k=top_k, per_document=per_document, metadata=metadata
+    )
     params["rrf_k"] = float(rrf_k or settings.SEARCH_RRF_K)
-    params["dense_weight"] = float(settings.SEARCH_DENSE_WEIGHT if dense_weight is None else dense_weight)
+    if dense_weight is None:
+        japanese = query_language == analysis.JAPANESE
+        dense_weight = settings.SEARCH_DENSE_WEIGHT_JAPANESE if japanese else settings.SEARCH_DENSE_WEIGHT
+    params["dense_weight"] = float(dense_weight)
     params["keyword_weight"] = float(settings.SEARCH_KEYWORD_WEIGHT if keyword_weight is None else keyword_weight)
     metadata_sql = _METADATA_SQL if metadata else ""
 
@@ -136,16 +155,23 @@ def chunk_search(
     query_bm25, matching_rows, params["terms"] = None, 0, ""
     if use_keyword or snippets:  # snippets mark the query's ranked terms
         query_bm25, matching_rows, params["terms"] = bm25.query_vector(
-            config=scope.config, rank_text=params["rank_text"], collection_ids=params["collections"]
+            config=config, rank_text=params["rank_text"], collection_ids=params["collections"]
         )
     use_keyword = use_keyword and query_bm25 is not None
 
     ctes = []
-    if use_dense:
+    groups = _dense_groups_read(scope.dense_groups, query_language) if use_dense else []
+    if groups:
         embed_started = time.perf_counter()
-        params["query_vector"] = "[" + ",".join(f"{x:.7g}" for x in query_embedding(scope.model, query)) + "]"
+        for index, group in enumerate(groups):
+            vector = query_embedding(group.model, query)
+            params[f"query_vector{index}"] = "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
+            params[f"model{index}"] = group.model
+            params[f"collections{index}"] = group.collection_ids
         timings["embed"] = (time.perf_counter() - embed_started) * 1000
-        ctes.append(_dense_ranking(scope.dimensions, metadata_sql, per_document))
+        # Beside another model's, a ranking reads the chunks in the query's language only.
+        language_sql = _chunk_language_sql(query_language) if len(groups) > 1 else ""
+        ctes.append(_dense_ranking(groups, metadata_sql + language_sql, per_document))
     keyword_path = None
     if use_keyword:
         params["query_bm25"] = query_bm25
@@ -154,7 +180,7 @@ def chunk_search(
         ctes.append(_keyword_ranking(keyword_path, parsed, metadata_sql, per_document))
     if not ctes:
         return SearchResult(query=query, mode=mode, hits=[], timings_ms={"total": 0.0})
-    ctes.append(_fusion(use_dense, use_keyword, per_document))
+    ctes.append(_fusion(bool(groups), use_keyword, per_document))
 
     query_started = time.perf_counter()
     ef = max(ef_search or settings.HNSW_EF_SEARCH, candidates)
@@ -162,7 +188,9 @@ def chunk_search(
         ef = max(ef, settings.KEYWORD_HNSW_EF_SEARCH)
     rows = _run(_statement(ctes, snippets), params, ef_search=ef)
     timings["sql"] = (time.perf_counter() - query_started) * 1000
-    hits = [_hit(row, snippets) for row in rows]
+    hits = [_hit(row, snippets, parsed.rank_text) for row in rows]
+    if analysis.asks_for_latest(query):
+        hits = _newest_first(hits)
     timings["total"] = (time.perf_counter() - started) * 1000
     return SearchResult(
         query=query, mode=mode, hits=hits, timings_ms=timings, keyword_path=keyword_path, syntax=parsed.syntax
@@ -170,19 +198,51 @@ def chunk_search(
 
 
 def _scope(workspace: Workspace | None, collection_ids: list[int | Collection] | None, mode: str) -> _Scope | None:
-    """The collections searched and what they share (None: the workspace has none). The
-    rankings a mode uses need one embedding model (dense) and one language (keyword)."""
+    """The collections searched and what they share (None: the workspace has none). Keyword
+    ranking needs one text-search configuration (Japanese chunks aside: search.analysis);
+    collections of different embedding models are ranked by each model apart and fused."""
     collections = collections_chosen(workspace, collection_ids)
     if not collections:
         return None
-    models = {(c.embedding_model, c.embedding_dimensions) for c in collections}
     configs = {c.text_search_config for c in collections}
-    if mode != "keyword" and len(models) > 1:
-        raise SearchError("these collections use different embedding models; search them separately")
     if mode != "dense" and len(configs) > 1:
         raise SearchError("these collections use different text-search languages; search them separately")
-    (model, dimensions), config = next(iter(models)), next(iter(configs))
-    return _Scope(collections=collections, model=model, dimensions=dimensions, config=config)
+    by_model: dict[tuple[str, int], list[int]] = {}
+    for c in collections:
+        by_model.setdefault((c.embedding_model, c.embedding_dimensions), []).append(c.pk)
+    groups = [_DenseGroup(model, dimensions, ids) for (model, dimensions), ids in sorted(by_model.items())]
+    languages = {c.language for c in collections}
+    language = languages.pop() if len(languages) == 1 else analysis.AUTO
+    return _Scope(collections=collections, dense_groups=groups, config=next(iter(configs)), language=language)
+
+
+def _dense_groups_read(groups: list[_DenseGroup], query_language: str) -> list[_DenseGroup]:
+    """The dense rankings a query is given. Beside others, a model that does not read the
+    query's language (all-MiniLM-L6-v2 and Japanese) ranks nothing: its nearest chunks to a
+    query it cannot read are noise, and reciprocal-rank fusion would credit them as a first
+    place (docs/search.md, "A whole workspace")."""
+    if len(groups) < 2:
+        return groups
+    return [group for group in groups if query_language in embedder_languages(group.model)]
+
+
+def _chunk_language_sql(query_language: str) -> str:
+    """Chunks analysed in the query's language (search.analysis: Japanese chunks carry
+    search_japanese, others their collection's configuration)."""
+    operator = "=" if query_language == analysis.JAPANESE else "<>"
+    return f" AND c.ts_config {operator} '{analysis.JAPANESE_CONFIG}'::regconfig"
+
+
+def _query_analysed(scope: _Scope, query_language: str, parsed: ParsedQuery) -> tuple[str, ParsedQuery]:
+    """The configuration a query is analysed under and its words as the index holds them: a
+    Japanese query becomes the analysis module's terms, as Japanese chunks were indexed."""
+    if query_language != analysis.JAPANESE:
+        return scope.config, parsed
+
+    def terms(text: str) -> str:
+        return analysis.analysed(text, language=analysis.JAPANESE, config=scope.config)[1] or ""
+
+    return analysis.JAPANESE_CONFIG, parsed.analysed(terms)
 
 
 # Documents whose metadata contains the search's ``metadata`` (``%(metadata)s``, JSON).
@@ -192,22 +252,28 @@ _METADATA_SQL = (
 
 
 def _params(
-    scope: _Scope, parsed: ParsedQuery, *, candidates: int, top_k: int, per_document: bool, metadata: dict | None
+    scope: _Scope,
+    config: str,
+    parsed: ParsedQuery,
+    *,
+    candidates: int,
+    top_k: int,
+    per_document: bool,
+    metadata: dict | None,
 ) -> dict:
     """The statement's bound parameters that the scope and the query decide."""
     params: dict = {
         "collections": [c.pk for c in scope.collections],
         # Only chunks of each collection's current model: during `reembed` a collection
         # briefly holds chunks of two models, and a search must see one copy of each.
-        "model": scope.model,
         "models": sorted({c.embedding_model for c in scope.collections}),
         "candidates": candidates,
         # Per document, a ranking reads more chunks so that `candidates` documents remain.
         "chunk_candidates": min(1000, candidates * PER_DOCUMENT_CHUNK_FACTOR) if per_document else candidates,
         "top_k": top_k,
-        "config": scope.config,
+        "config": config,
         "rank_text": parsed.rank_text,
-        "required": parsed.required_websearch(scope.config),
+        "required": parsed.required_websearch(config),
         "mark": f"StartSel={_MARK_START}, StopSel={_MARK_END}, MaxWords=40, MinWords=20, MaxFragments=2, "
         f'FragmentDelimiter=" … "',
     }
@@ -236,20 +302,33 @@ def _ranked(name: str, score_sql: str, order: str, per_document: bool) -> str:
         )"""
 
 
-def _dense_ranking(dimensions: int, metadata_sql: str, per_document: bool) -> str:
-    """The nearest chunks to the query's embedding (HNSW), ranked."""
-    distance = dense_distance_sql(dimensions)
-    # MATERIALIZED + re-sort: with iterative index scans the index returns rows in
-    # relaxed order (pgvector's documented pattern).
-    return f"""
-        dense AS MATERIALIZED (
+def _dense_ranking(groups: list[_DenseGroup], filter_sql: str, per_document: bool) -> str:
+    """The nearest chunks to the query's embedding (HNSW), ranked: one ranking per embedding
+    model, over its own collections (disjoint, so ``dense_ranked`` is their union, each chunk
+    with its rank in its own model's list)."""
+    ctes = []
+    for index, group in enumerate(groups):
+        distance = dense_distance_sql(group.dimensions, f"%(query_vector{index})s")
+        # MATERIALIZED + re-sort: with iterative index scans the index returns rows in
+        # relaxed order (pgvector's documented pattern).
+        ctes.append(
+            f"""
+        dense{index} AS MATERIALIZED (
             SELECT c.id, c.document_id, {distance} AS distance
             FROM search_chunk c
-            WHERE c.collection_id = ANY(%(collections)s) AND c.embedding_dimensions = {int(dimensions)}
-              AND c.embedding_model = %(model)s{metadata_sql}
+            WHERE c.collection_id = ANY(%(collections{index})s) AND c.embedding_dimensions = {int(group.dimensions)}
+              AND c.embedding_model = %(model{index})s{filter_sql}
             ORDER BY {distance}
             LIMIT %(chunk_candidates)s
-        ),""" + _ranked("dense", "1 - distance", "distance", per_document)
+        ),"""
+            + _ranked(f"dense{index}", "1 - distance", "distance", per_document)
+        )
+    union = " UNION ALL ".join(f"SELECT * FROM dense{index}_ranked" for index in range(len(groups)))
+    return (
+        ",".join(ctes)
+        + f""",
+        dense_ranked AS ({union})"""
+    )
 
 
 def _keyword_ranking(path: str, parsed: ParsedQuery, metadata_sql: str, per_document: bool) -> str:
@@ -318,14 +397,19 @@ def _fusion(use_dense: bool, use_keyword: bool, per_document: bool) -> str:
 
 def _statement(ctes: list[str], snippets: bool) -> str:
     """The whole statement: the CTEs, then the top hits with their chunks and documents."""
-    # Snippets mark the query's ranked terms (not its stop words or single characters).
-    snippet_sql = "ts_headline(c.ts_config, c.text, %(terms)s::tsquery, %(mark)s)" if snippets else "''"
+    # Snippets mark the query's ranked terms (not its stop words or single characters). A chunk
+    # whose words PostgreSQL could not split (``lexemes``: Japanese) is marked in Python (_hit).
+    snippet_sql = (
+        "CASE WHEN c.lexemes IS NULL THEN ts_headline(c.ts_config, c.text, %(terms)s::tsquery, %(mark)s) END"
+        if snippets
+        else "''"
+    )
     return (
         "WITH "
         + ",".join(ctes)
         + f"""
         SELECT t.id, t.document_id, doc.title, c.collection_id, c.ordinal, c.text, c.start_offset, c.end_offset,
-               t.score, t.dense_rank, t.keyword_rank, {snippet_sql}
+               t.score, t.dense_rank, t.keyword_rank, {snippet_sql}, doc.metadata->>'date'
         FROM top t
         JOIN search_chunk c ON c.id = t.id
         JOIN search_document doc ON doc.id = t.document_id
@@ -346,7 +430,7 @@ def _run(sql: str, params: dict, *, ef_search: int) -> list[tuple]:
         return cursor.fetchall()
 
 
-def _hit(row: tuple, snippets: bool) -> SearchHit:
+def _hit(row: tuple, snippets: bool, rank_text: str) -> SearchHit:
     return SearchHit(
         chunk_id=row[0],
         document_id=row[1],
@@ -359,8 +443,27 @@ def _hit(row: tuple, snippets: bool) -> SearchHit:
         score=float(row[8]),
         dense_rank=row[9],
         keyword_rank=row[10],
-        snippet_html=_snippet_html(row[11]) if snippets else "",
+        snippet_html=_snippet(row[5], row[11], rank_text) if snippets else "",
+        document_date=row[12],
     )
+
+
+def _newest_first(hits: list[SearchHit]) -> list[SearchHit]:
+    """For a question asking for the latest: the dated hits newest first, in the places dated
+    hits held (undated ones keep theirs). 「最新の売上報告」 ranks every quarter's report alike
+    by its words; only the date tells which is the latest."""
+    dated = [index for index, hit in enumerate(hits) if hit.document_date]
+    ordered = sorted((hits[index] for index in dated), key=lambda hit: hit.document_date, reverse=True)
+    result = list(hits)
+    for index, hit in zip(dated, ordered, strict=True):
+        result[index] = hit
+    return result
+
+
+def _snippet(text: str, headline: str | None, rank_text: str) -> str:
+    if headline is None:
+        return highlight.snippet_html(text, rank_text.split())
+    return _snippet_html(headline)
 
 
 def _snippet_html(headline: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import unicodedata
 from pathlib import PurePath
 
 from celery import signature
@@ -93,8 +94,8 @@ def collection_create(
 
 def source_name_clean(name: str) -> str:
     """The name an upload is known and shown by: its last path component (``/`` or ``\\``),
-    printable characters only (no control characters, no bidirectional overrides or other
-    invisible formatting), at most ``SOURCE_NAME_MAX_CHARS`` with its extension kept;
+    in Unicode NFC, printable characters only (no control characters, no bidirectional overrides
+    or other invisible formatting), at most ``SOURCE_NAME_MAX_CHARS`` with its extension kept;
     ``upload`` when nothing is left. It is never used as a path (see ``_storage_name``)."""
     name = _printable(str(name).replace("\\", "/").rsplit("/", 1)[-1])
     if name in ("", ".", ".."):
@@ -106,7 +107,9 @@ def source_name_clean(name: str) -> str:
 
 
 def _printable(text: str) -> str:
-    return "".join(ch for ch in text if ch.isprintable()).strip()
+    # NFC first: macOS hands file names over decomposed (が as か and a combining mark), which
+    # looks the same but would compare, search and sort apart from the name as typed.
+    return "".join(ch for ch in unicodedata.normalize("NFC", text) if ch.isprintable()).strip()
 
 
 def _title_from_name(source_name: str) -> str:

@@ -14,7 +14,8 @@ from django.db import InterfaceError, OperationalError
 
 from ragsite.celery import LONG_TASK_OPTIONS
 from ragsite.redis import redis_client
-from search import answers, bm25, vector_indexes
+from search import bm25, vector_indexes
+from search.answering import answers
 from search.ingest import pipeline
 from search.ingest.status import document_fail
 from search.models import Document
@@ -92,10 +93,10 @@ def search_indexes_maintain() -> str | None:
 
 # --------------------------------------------------------------------------- answers (queue ``default``)
 # An answer's generation brings its outcome back in its ledger entry: the ledger's drain
-# (``billing.tasks.ledger_drain``) hands it to ``search.answers.generation_outcome_take``.
+# (``billing.tasks.ledger_drain``) hands it to ``search.answering.answers.generation_outcome_take``.
 
 
 @shared_task(name="search.tasks.answers_reap", ignore_result=True, soft_time_limit=240, time_limit=280)
 def answers_reap() -> int:
-    """Beat: fail answers whose generation's message was lost (``search.answers.answers_reap``)."""
+    """Beat: fail answers whose generation's message was lost (``search.answering.answers.answers_reap``)."""
     return answers.answers_reap()

@@ -24,6 +24,8 @@ _PUNCTUATION_RE = re.compile("[" + re.escape(ASCII_PUNCTUATION) + "]+")
 
 # The configuration whose stop words are removed before PostgreSQL parses the text.
 SEARCH_ENGLISH = "search_english"
+# Japanese chunks and queries: words analysed in Python (search.analysis), then read as search_english reads.
+SEARCH_JAPANESE = "search_japanese"
 # Lucene's ENGLISH_STOP_WORDS_SET, which is also bm25s's "en" list. The SQL function
 # search_tsvector holds the same words (a test keeps them equal).
 ENGLISH_STOP_WORDS = (
@@ -44,6 +46,6 @@ def text_prepare(text: str, config: str) -> str:
     """Python twin of what ``search_tsvector(config, text)`` feeds ``to_tsvector``: the
     punctuation split, then (``search_english`` only) the stop words removed."""
     text = punctuation_split(text)
-    if config == SEARCH_ENGLISH:
+    if config in (SEARCH_ENGLISH, SEARCH_JAPANESE):
         text = _STOP_WORDS_RE.sub(" ", text)
     return text

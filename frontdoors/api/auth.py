@@ -30,7 +30,7 @@ from rest_framework.permissions import BasePermission
 from billing import client_keys
 from billing.models import ClientKey
 from frontdoors.api.errors import WWW_AUTHENTICATE, RestApiError
-from search.conversations import client_id_of
+from search.answering.conversations import client_id_of
 from search.models import Workspace
 from search.scoping import workspaces_visible_to
 

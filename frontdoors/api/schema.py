@@ -16,7 +16,7 @@ from drf_spectacular.utils import OpenApiResponse
 
 from frontdoors.api.auth import WORKSPACE_SLUG_PATTERN
 from frontdoors.api.serializers import ErrorSerializer
-from search.answers import EVENT_ID_PATTERN
+from search.answering.answers import EVENT_ID_PATTERN
 
 API_PREFIX = "/api/v1/"
 

@@ -16,8 +16,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
-from search.answers import QUESTION_MAX_CHARS, TOP_K_MAX
-from search.conversations import TITLE_MAX_CHARS
+from search.answering.answers import QUESTION_MAX_CHARS, TOP_K_MAX
+from search.answering.conversations import TITLE_MAX_CHARS
 from search.embedders import DEFAULT_EMBEDDER, EmbedderError, embedder_get
 from search.models import Answer, Collection, Conversation, Document
 from search.query_syntax import SYNTAXES

@@ -3,7 +3,7 @@
 A plain async Django view, not a DRF one: under ASGI, Django buffers a
 ``StreamingHttpResponse`` over a synchronous iterator whole before sending it, and DRF's
 views are synchronous. Here the response iterates an async generator over
-``search.answers.answer_stream_aread`` (Redis ``XREAD`` on the asyncio client), so each
+``search.answering.answers.answer_stream_aread`` (Redis ``XREAD`` on the asyncio client), so each
 event leaves as it is written, and a waiting reader holds no thread. Database work
 (authentication, the answer's lookup, the replay of a stored answer) goes through
 ``sync_to_async``.
@@ -37,7 +37,7 @@ from frontdoors.api.auth import Access, Scope, access_resolve, workspace_slug_of
 from frontdoors.api.errors import RestApiError, api_error_of, error_json, invalid
 from inference.streams import stream_key
 from ragsite.redis import redis_async_client
-from search.answers import ANSWER_END, QUIET, answer_events, event_id_valid
+from search.answering.answers import ANSWER_END, QUIET, answer_events, event_id_valid
 from search.models import Answer
 from search.scoping import in_workspaces
 
@@ -87,7 +87,7 @@ async def _ended_at_or_before(answer_id, status_now: str, after: str) -> bool:
 
 
 async def _events(answer_id, after: str):
-    """``search.answers.answer_events`` as Server-Sent Events, for ``STREAM_MAX_SECONDS`` at
+    """``search.answering.answers.answer_events`` as Server-Sent Events, for ``STREAM_MAX_SECONDS`` at
     most: then the response ends and the client resumes from its last id."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + STREAM_MAX_SECONDS

@@ -13,6 +13,7 @@ urlpatterns = [
     path("v1/collections/<int:collection_id>", views.CollectionDetailView.as_view(), name="collection-detail"),
     path("v1/documents", views.DocumentListView.as_view(), name="documents"),
     path("v1/documents/<int:document_id>", views.DocumentDetailView.as_view(), name="document-detail"),
+    path("v1/documents/<int:document_id>/file", views.DocumentFileView.as_view(), name="document-file"),
     path("v1/documents/<int:document_id>/retry", views.DocumentRetryView.as_view(), name="document-retry"),
     path("v1/search", views.SearchView.as_view(), name="search"),
     path("v1/answers", views.AnswerCreateView.as_view(), name="answers"),

@@ -1,6 +1,6 @@
 """Chat completions over the answer pipeline: the request, the answer, the OpenAI shapes.
 
-A chat request is answered by ``search.answers.answer_create`` as the UI and the REST API
+A chat request is answered by ``search.answering.answers.answer_create`` as the UI and the REST API
 answer questions: the question is the text of the last ``user`` message, retrieval runs over
 every collection of the key's workspace, the numbered sources and the instructions make the
 prompt, and the generation is routed and billed to the key. The messages before it are the
@@ -20,7 +20,7 @@ extractive one too (it counts against the key's requests per minute, and costs n
 The route is planned once per request (``_planned``), here, and ``answer_create`` takes the plan.
 
 ``ChatCompletion`` turns the events of the answer's stream (``completion_events``, over
-``search.answers.answer_stream_aread``) into a ``chat.completion`` or its chunks.
+``search.answering.answers.answer_stream_aread``) into a ``chat.completion`` or its chunks.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from inference import router
 from inference.errors import NoRouteConfigured, PoolWarming, RouteNotFound, SpeculationUnavailable
 from inference.models import Route
 from ragsite.errors import DomainError
-from search import answers, conversations, prompting
+from search.answering import answers, conversations, prompting
 from search.models import Answer
 
 EXTRACTIVE_MODEL = "extractive"
@@ -271,9 +271,9 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
 
 
 async def completion_events(started: Started) -> AsyncIterator[tuple[str, dict]]:
-    """``search.answers.answer_events`` as a completion needs them: ``delta``, then ``stats``
+    """``search.answering.answers.answer_events`` as a completion needs them: ``delta``, then ``stats``
     or ``error``; ``stats`` comes once the answer is stored (its citations checked), with
-    the stored answer as ``stats["answer"]`` (``search.answers.answer_record``);
+    the stored answer as ``stats["answer"]`` (``search.answering.answers.answer_record``);
     ``("keepalive", {})`` after each quiet slice (and for map-reduce progress). Retry
     announcements are skipped. A stream quiet for longer than a request can take
     (``ROUTER_DEADLINE_S`` plus the time a request may wait in its queue) ends with an

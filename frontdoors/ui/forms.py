@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from django import forms
 from django.conf import settings
+from django.utils.translation import gettext, gettext_lazy
 
-from search.answers import QUESTION_MAX_CHARS
-from search.conversations import TITLE_MAX_CHARS
+from search.answering.answers import QUESTION_MAX_CHARS
+from search.answering.conversations import TITLE_MAX_CHARS
 from search.models import Collection
 from search.scoping import in_workspaces
 
 MODE_CHOICES = [
-    ("hybrid", "Hybrid (meaning and keywords)"),
-    ("dense", "Semantic (meaning)"),
-    ("keyword", "Keyword (BM25)"),
+    ("hybrid", gettext_lazy("Hybrid (meaning and keywords)")),
+    ("dense", gettext_lazy("Semantic (meaning)")),
+    ("keyword", gettext_lazy("Keyword (BM25)")),
 ]
 
 
@@ -28,11 +29,14 @@ class CollectionChoiceField(forms.ModelChoiceField):
 class SearchForm(forms.Form):
     """One box for both searching and asking."""
 
-    q = forms.CharField(label="Search or ask a question", max_length=QUESTION_MAX_CHARS, required=False)
+    q = forms.CharField(label=gettext_lazy("Search or ask a question"), max_length=QUESTION_MAX_CHARS, required=False)
     collection = CollectionChoiceField(
-        label="Collection", queryset=Collection.objects.none(), required=False, empty_label="All collections"
+        label=gettext_lazy("Collection"),
+        queryset=Collection.objects.none(),
+        required=False,
+        empty_label=gettext_lazy("All collections"),
     )
-    mode = forms.ChoiceField(label="Search mode", choices=MODE_CHOICES, required=False, initial="hybrid")
+    mode = forms.ChoiceField(label=gettext_lazy("Search mode"), choices=MODE_CHOICES, required=False, initial="hybrid")
     # A follow-up: the conversation the question continues (the thread's box under its last answer).
     conversation = forms.UUIDField(required=False, widget=forms.HiddenInput)
 
@@ -66,24 +70,28 @@ class MultipleFileField(forms.FileField):
     def clean(self, data, initial=None):
         clean_one = super().clean
         if isinstance(data, list | tuple):
+            if not data:  # no file chosen: the field's own "required" error, which the loop would skip
+                clean_one(None, initial)
             return [clean_one(item, initial) for item in data]
         return [clean_one(data, initial)]
 
 
 class UploadForm(forms.Form):
-    collection = CollectionChoiceField(label="Into collection", queryset=Collection.objects.none())
-    files = MultipleFileField(label="Files")
+    collection = CollectionChoiceField(label=gettext_lazy("Into collection"), queryset=Collection.objects.none())
+    files = MultipleFileField(label=gettext_lazy("Files"))
 
     def __init__(self, *args, workspace, **kwargs):
         super().__init__(*args, **kwargs)
         collections = in_workspaces(Collection, workspace).order_by("name")
         self.fields["collection"].queryset = collections
         megabytes = settings.DOCUMENT_MAX_BYTES / (1024 * 1024)
-        self.fields["files"].help_text = f"Text, Markdown, HTML, PDF or Word (.docx), up to {megabytes:g} MB each."
+        self.fields["files"].help_text = gettext(
+            "Text, Markdown, HTML, PDF or Word (.docx), up to %(size)s MB each."
+        ) % {"size": f"{megabytes:g}"}
         self.fields["files"].widget.attrs["aria-describedby"] = "files-help"  # the help text's element
         if len(collections) == 1:
             self.fields["collection"].initial = collections[0].pk
 
 
 class ConversationRenameForm(forms.Form):
-    title = forms.CharField(label="Title", max_length=TITLE_MAX_CHARS)
+    title = forms.CharField(label=gettext_lazy("Title"), max_length=TITLE_MAX_CHARS)

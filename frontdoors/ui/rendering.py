@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from django.urls import reverse
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext, gettext_lazy
 
+from search.answering.prompting import citation_markers
 from search.models import Chunk
-from search.prompting import citation_markers
 from search.scoping import in_workspaces
 
 
@@ -23,24 +24,25 @@ def sources_by_number(sources: list[dict]) -> dict[int, dict]:
     return {
         source["number"]: {
             "url": reverse("ui:passage", args=[source["chunk_id"]]),
-            "title": source.get("title") or f"Passage {source['chunk_id']}",
+            "title": source.get("title") or gettext("Passage %(id)s") % {"id": source["chunk_id"]},
         }
         for source in sources
     }
 
 
 def citation_link(number: int, source: dict) -> SafeString:
+    # The same words as ui.js's link for a streamed answer (frontdoors/ui/languages.py, "source").
+    label = gettext("Source %(number)s: %(title)s") % {"number": number, "title": source["title"]}
     return format_html(
-        '<a class="cite" href="{}" data-passage title="{}" aria-label="Source {}: {}">{}</a>',
+        '<a class="cite" href="{}" data-passage title="{}" aria-label="{}">{}</a>',
         source["url"],
         source["title"],
-        number,
-        source["title"],
+        label,
         number,
     )
 
 
-UNSUPPORTED_TITLE = "No passage given to the answer supports this sentence"
+UNSUPPORTED_TITLE = gettext_lazy("No passage given to the answer supports this sentence")
 
 
 def _linked(text: str, by_number: dict[int, dict]) -> str:

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from frontdoors.ui import views
+from frontdoors.ui import languages, views
 
 app_name = "ui"
 
@@ -21,4 +21,5 @@ urlpatterns = [
     path("documents/<int:document_id>/retry/", views.document_retry_view, name="document_retry"),
     path("documents/<int:document_id>/delete/", views.document_delete_view, name="document_delete"),
     path("workspace/", views.workspace_switch, name="workspace"),
+    path("language/", languages.language_choose, name="language"),  # the header's switcher (POST)
 ]

@@ -23,15 +23,17 @@ from django.http import Http404, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext, ngettext
 from django.views.decorators.http import require_GET, require_POST
 
 from frontdoors.ui.forms import MODE_CHOICES, ConversationRenameForm, SearchForm, UploadForm
+from frontdoors.ui.languages import domain_text, script_strings
 from frontdoors.ui.rendering import answer_html, passage_context, sources_by_number
 from frontdoors.ui.workspaces import member_required, workspace_choose
 from inference.errors import RouteUnavailable
 from ragsite.errors import DomainError
-from search import conversations
-from search.answers import QUIET, answer_create, answer_events, event_id_valid
+from search.answering import conversations
+from search.answering.answers import QUIET, answer_create, answer_events, event_id_valid
 from search.models import Answer, Chunk, Document
 from search.scoping import in_workspaces, workspaces_visible_to
 from search.selectors import chunk_search
@@ -74,7 +76,7 @@ def search_page(request):
                 top_k=RESULTS_PER_SEARCH,
             )
         except DomainError as exc:  # collections that cannot be searched together, or not the workspace's
-            error = str(exc)
+            error = domain_text(str(exc))
     names = {collection.pk: collection.name for collection in form.fields["collection"].queryset}
     recent = (
         in_workspaces(Answer, request.workspace)
@@ -93,6 +95,7 @@ def search_page(request):
             "mode_label": dict(MODE_CHOICES).get(result.mode, "") if result else "",
             "recent": recent,
             "has_collections": bool(names),
+            "script_strings": script_strings(),
         },
     )
 
@@ -118,9 +121,11 @@ def ask(request):
             conversation=conversation,
         )
     except RouteUnavailable as exc:
-        return _ask_refused(request, f"No model can answer now: {exc}", status=503)
+        return _ask_refused(
+            request, gettext("No model can answer now: %(reason)s") % {"reason": domain_text(str(exc))}, status=503
+        )
     except DomainError as exc:  # the question (AnswerError), the collections, a full pool
-        return _ask_refused(request, str(exc), status=422 if exc.status < 500 else exc.status)
+        return _ask_refused(request, domain_text(str(exc)), status=422 if exc.status < 500 else exc.status)
     if not request.htmx:
         return redirect("ui:answer", answer_id=answer.pk)
     # Stream even a finished (extractive) answer: it arrives the same way as a generated one.
@@ -136,8 +141,11 @@ def _ask_refused(request, message: str, *, status: int):
 
 def _answer_context(answer: Answer, *, stream: bool) -> dict:
     cited = {citation["number"] for citation in answer.citations}
+    why = (answer.stats.get("quoted_instead") or {}).get("why") or answer.stats.get("why")
     return {
         "answer": answer,
+        # Why an extractive answer quotes: the answer's own reason, else that no model is set up.
+        "extractive_why": domain_text(why or "no generation model is configured"),
         "stream": stream,
         "text_html": "" if stream else answer_html(answer.text, answer.sources, answer.verification.get("sentences")),
         "unsupported": sum(s.get("action") == "unsupported" for s in answer.verification.get("sentences", [])),
@@ -176,6 +184,7 @@ def answer_detail(request, answer_id):
             else None,
             "follow_up_collection": last_collections[0] if len(last_collections) == 1 else None,
             "rename_form": ConversationRenameForm(initial={"title": conversation.title}) if owner else None,
+            "script_strings": script_strings(),
         },
     )
 
@@ -209,9 +218,9 @@ def conversation_rename_view(request, conversation_id):
         if not form.is_valid():
             raise conversations.ConversationError("title", _form_errors(form))
         conversations.conversation_rename(conversation=conversation, title=form.cleaned_data["title"])
-        messages.success(request, "Conversation renamed.")
+        messages.success(request, gettext("Conversation renamed."))
     except conversations.ConversationError as exc:
-        messages.error(request, f"Not renamed: {exc}")
+        messages.error(request, gettext("Not renamed: %(reason)s") % {"reason": domain_text(str(exc))})
     latest = conversations.conversation_turns(conversation).last()
     return redirect("ui:answer", answer_id=latest.pk) if latest is not None else redirect("ui:answers")
 
@@ -222,7 +231,7 @@ def conversation_delete_view(request, conversation_id):
     conversation = get_object_or_404(_conversations_of(request), pk=conversation_id)
     title = conversation.title
     conversations.conversation_delete(conversation=conversation)
-    messages.success(request, f"Deleted the conversation “{title}” and its answers.")
+    messages.success(request, gettext("Deleted the conversation “%(title)s” and its answers.") % {"title": title})
     return redirect("ui:answers")
 
 
@@ -233,7 +242,7 @@ async def answer_event_stream(request, answer_id):
     reconnection resumes after the last event it received (``Last-Event-ID``)."""
     user = await request.auser()
     if not user.is_authenticated:
-        return HttpResponse("Log in to follow this answer.", status=403, content_type="text/plain")
+        return HttpResponse(gettext("Log in to follow this answer."), status=403, content_type="text/plain")
     if not await sync_to_async(_answer_visible)(user, answer_id):
         raise Http404("no such answer")
     after = request.headers.get("Last-Event-ID", "")
@@ -251,7 +260,7 @@ def _answer_visible(user, answer_id) -> bool:
 
 
 async def _answer_event_stream(answer_id, after: str):
-    """``search.answers.answer_events`` as Server-Sent Events."""
+    """``search.answering.answers.answer_events`` as Server-Sent Events."""
     yield f"retry: {SSE_RETRY_MS}\n\n"
     try:
         async for event in answer_events(answer_id, after=after, slice_ms=SSE_KEEPALIVE_MS):
@@ -286,7 +295,11 @@ def passage(request, chunk_id):
 @require_GET
 @member_required
 def documents(request):
-    context = {"form": UploadForm(workspace=request.workspace), **_document_list(request)}
+    context = {
+        "form": UploadForm(workspace=request.workspace),
+        **_document_list(request),
+        "script_strings": script_strings(),
+    }
     return render(request, "search/documents.html", context)
 
 
@@ -317,13 +330,14 @@ def _document_list(request, *, page_number=None, note: str = "") -> dict:
     counts = dict(in_workspace.order_by().values_list("status").annotate(count=Count("pk")))
     in_progress = sum(count for status, count in counts.items() if status not in FINAL_DOCUMENT_STATUSES)
     total = sum(counts.values())
-    summary = "No documents yet."
+    summary = gettext("No documents yet.")
     if total:
         indexed, failed = counts.get(Document.Status.INDEXED, 0), counts.get(Document.Status.FAILED, 0)
-        summary = (
-            f"{total} document{'s' if total != 1 else ''}: "
-            f"{indexed} indexed, {in_progress} in progress, {failed} failed."
-        )
+        summary = ngettext(
+            "%(total)s document: %(indexed)s indexed, %(in_progress)s in progress, %(failed)s failed.",
+            "%(total)s documents: %(indexed)s indexed, %(in_progress)s in progress, %(failed)s failed.",
+            total,
+        ) % {"total": total, "indexed": indexed, "in_progress": in_progress, "failed": failed}
     return {"page": page, "polling": in_progress > 0, "summary": f"{note} {summary}".strip()}
 
 
@@ -335,20 +349,33 @@ class UploadOutcome:
 
 def _upload(collection, files) -> list[UploadOutcome]:
     """What became of each file (``documents_upload``: all or nothing, as in the API)."""
+    names = [source_name_clean(file.name) for file in files]
     try:
         stored = documents_upload(collection=collection, files=files)
     except DocumentRejected as exc:
         refusals = getattr(exc, "refusals", [exc])
-        which = "that file" if len(refusals) == 1 else "those files"
         return [
-            *(UploadOutcome("rejected", str(refusal)) for refusal in refusals),
-            UploadOutcome("rejected", f"Nothing was stored: remove or fix {which} and upload again."),
+            *(UploadOutcome("rejected", domain_text(str(refusal), names)) for refusal in refusals),
+            UploadOutcome(
+                "rejected",
+                ngettext(
+                    "Nothing was stored: remove or fix that file and upload again.",
+                    "Nothing was stored: remove or fix those files and upload again.",
+                    len(refusals),
+                ),
+            ),
         ]
-    names = [source_name_clean(file.name) for file in files]
     return [
-        UploadOutcome("added", f"{name}: queued for indexing in {collection.name}.")
+        UploadOutcome(
+            "added",
+            gettext("%(name)s: queued for indexing in %(collection)s.") % {"name": name, "collection": collection.name},
+        )
         if created
-        else UploadOutcome("duplicate", f"{name}: already in {collection.name} as “{document.title}”.")
+        else UploadOutcome(
+            "duplicate",
+            gettext("%(name)s: already in %(collection)s as “%(title)s”.")
+            % {"name": name, "collection": collection.name, "title": document.title},
+        )
         for name, (document, created) in zip(names, stored, strict=True)
     ]
 
@@ -366,7 +393,11 @@ def upload(request):
     outcomes = _upload(form.cleaned_data["collection"], form.cleaned_data["files"])
     if request.htmx:
         added = sum(outcome.kind == "added" for outcome in outcomes)
-        context = {"outcomes": outcomes, **_document_list(request, note=f"{added} of {len(outcomes)} files added.")}
+        note = ngettext("%(added)s of %(total)s file added.", "%(added)s of %(total)s files added.", len(outcomes))
+        context = {
+            "outcomes": outcomes,
+            **_document_list(request, note=note % {"added": added, "total": len(outcomes)}),
+        }
         # Every file refused: 422 (which htmx still shows), as for a refused form.
         refused = all(outcome.kind == "rejected" for outcome in outcomes)
         return render(request, "search/_upload_report.html", context, status=422 if refused else 200)
@@ -392,7 +423,7 @@ def _after_document_action(request, note: str):
 @member_required
 def document_retry_view(request, document_id):
     document = document_retry(document=_member_document(request, document_id))
-    return _after_document_action(request, f"“{document.title}” is queued again.")
+    return _after_document_action(request, gettext("“%(title)s” is queued again.") % {"title": document.title})
 
 
 @require_POST
@@ -400,7 +431,7 @@ def document_retry_view(request, document_id):
 def document_delete_view(request, document_id):
     document = _member_document(request, document_id)
     document_delete(document=document)
-    return _after_document_action(request, f"“{document.title}” deleted.")
+    return _after_document_action(request, gettext("“%(title)s” deleted.") % {"title": document.title})
 
 
 # --------------------------------------------------------------------------- workspace

@@ -14,6 +14,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.shortcuts import render
 from django_htmx.http import HttpResponseClientRedirect
 
+from frontdoors.ui.languages import language_apply, language_remember
 from search.models import Workspace
 from search.scoping import workspaces_visible_to
 
@@ -31,7 +32,8 @@ def workspace_choose(request, workspace: Workspace) -> None:
 
 def member_required(view):
     """Log in first, then set ``request.workspaces`` (the user's) and ``request.workspace``
-    (the session's choice, else the first); a user without any membership is told so."""
+    (the session's choice, else the first); a user without any membership is told so. The
+    page speaks the user's saved language, if any (``frontdoors.ui.languages``)."""
 
     @wraps(view)
     def wrapper(request, *args, **kwargs):
@@ -42,15 +44,16 @@ def member_required(view):
                 page = request.htmx.current_url_abs_path or request.get_full_path()
                 return HttpResponseClientRedirect(redirect_to_login(page)["Location"])
             return redirect_to_login(request.get_full_path())
+        language_apply(request)
         workspaces = user_workspaces(request.user)
         if not workspaces:
-            return render(request, "search/no_workspace.html", status=403)
+            return language_remember(request, render(request, "search/no_workspace.html", status=403))
         chosen = request.session.get(SESSION_KEY)
         current = next((workspace for workspace in workspaces if workspace.pk == chosen), workspaces[0])
         if current.pk != chosen:
             workspace_choose(request, current)
         request.workspaces = workspaces
         request.workspace = current
-        return view(request, *args, **kwargs)
+        return language_remember(request, view(request, *args, **kwargs))
 
     return wrapper

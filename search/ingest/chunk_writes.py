@@ -19,7 +19,7 @@ from django.db import DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ragsite import metrics
-from search import bm25
+from search import analysis, bm25
 from search.embedders import Embedder
 from search.ingest.chunking import TextChunk
 from search.ingest.status import IngestError, document_fail, status_set
@@ -41,6 +41,9 @@ class Prepared:
     metadata: dict
     embedder: Embedder
     vectors: list[np.ndarray] = field(default_factory=list)
+    # Per chunk, how it is indexed for keywords: (text-search configuration, pre-analysed
+    # terms or None), by search.analysis; analysed before the write transaction takes its locks.
+    analyses: list[tuple[str, str | None]] = field(default_factory=list)
 
 
 def _register_vector_types() -> None:
@@ -141,7 +144,12 @@ def _chunks_write(items: list[Prepared]) -> set[int]:
                 for item in group
                 for chunk, vector in zip(item.chunks, np.concatenate(item.vectors), strict=True)
             ]
-            avgdl = chunks_insert(cursor, collection, rows, group[0].embedder)
+            analyses = (
+                [analysis for item in group for analysis in item.analyses]
+                if all(len(item.analyses) == len(item.chunks) for item in group)
+                else None
+            )
+            avgdl = chunks_insert(cursor, collection, rows, group[0].embedder, analyses=analyses)
             collection.chunk_count += len(rows)
             collection.lexeme_total += bm25.statistics_add(cursor, collection_id, [item.document.pk for item in group])
             if collection.bm25_avgdl <= 0:
@@ -174,18 +182,32 @@ def _chunks_write(items: list[Prepared]) -> set[int]:
     return {item.document.pk for item in items}
 
 
-def chunks_insert(cursor, collection: Collection, rows, embedder: Embedder) -> float:
+def chunks_analysed(collection: Collection, chunks: list[TextChunk]) -> list[tuple[str, str | None]]:
+    """How each chunk is indexed for keywords, in its own language under the collection's setting."""
+    return [
+        analysis.analysed(chunk.text, language=collection.language, config=collection.text_search_config)
+        for chunk in chunks
+    ]
+
+
+def chunks_insert(
+    cursor, collection: Collection, rows, embedder: Embedder, *, analyses: list[tuple[str, str | None]] | None = None
+) -> float:
     """Binary-COPY ``(document_id, chunk, vector)`` rows into a staging table, then insert
-    them with their BM25 weights.
+    them with their BM25 weights. ``analyses``: each row's ``chunks_analysed``, analysed
+    here when not given.
 
     Runs inside the caller's transaction; updates no statistics. Returns the average
     chunk length the BM25 weights were computed with.
     """
+    if analyses is None:
+        analyses = chunks_analysed(collection, [chunk for _, chunk, _ in rows])
     # One staging table per connection, emptied at every commit; emptied here too, for
     # callers that write several times in one outer transaction (tests).
     cursor.execute(
         f"CREATE TEMP TABLE IF NOT EXISTS {STAGING_TABLE} (document_id bigint, ordinal int, text text,"
-        " start_offset int, end_offset int, token_count int, embedding vector) ON COMMIT DELETE ROWS"
+        " start_offset int, end_offset int, token_count int, embedding vector, ts_config text, lexemes text)"
+        " ON COMMIT DELETE ROWS"
     )
     cursor.execute(f"DELETE FROM {STAGING_TABLE}")
     _register_vector_types()
@@ -196,27 +218,39 @@ def chunks_insert(cursor, collection: Collection, rows, embedder: Embedder) -> f
         connection.cursor() as copy_cursor,
         copy_cursor.copy(
             f"COPY {STAGING_TABLE} (document_id, ordinal, text, start_offset, end_offset, token_count,"
-            " embedding) FROM STDIN WITH (FORMAT BINARY)"
+            " embedding, ts_config, lexemes) FROM STDIN WITH (FORMAT BINARY)"
         ) as copy,
     ):
-        copy.set_types(["int8", "int4", "text", "int4", "int4", "int4", "vector"])
-        for document_id, chunk, vector in rows:
-            copy.write_row((document_id, chunk.ordinal, chunk.text, chunk.start, chunk.end, chunk.token_count, vector))
+        copy.set_types(["int8", "int4", "text", "int4", "int4", "int4", "vector", "text", "text"])
+        for (document_id, chunk, vector), (config, lexemes) in zip(rows, analyses, strict=True):
+            copy.write_row(
+                (
+                    document_id,
+                    chunk.ordinal,
+                    chunk.text,
+                    chunk.start,
+                    chunk.end,
+                    chunk.token_count,
+                    vector,
+                    config,
+                    lexemes,
+                )
+            )
     avgdl = collection.bm25_avgdl
     if avgdl <= 0:  # the collection's first documents set the length normalisation
-        avgdl = bm25.staging_avgdl(cursor, collection.text_search_config, STAGING_TABLE)
-    weights = bm25.WEIGHTS.format(tsvector="search_tsvector(%(config)s::regconfig, s.text)")
+        avgdl = bm25.staging_avgdl(cursor, STAGING_TABLE)
+    weights = bm25.WEIGHTS.format(tsvector="search_tsvector(s.ts_config::regconfig, coalesce(s.lexemes, s.text))")
     cursor.execute(
         f"""
         INSERT INTO search_chunk (document_id, collection_id, ordinal, text, start_offset, end_offset,
-                                  token_count, embedding_model, embedding_dimensions, embedding, ts_config, bm25)
+                                  token_count, embedding_model, embedding_dimensions, embedding, ts_config, lexemes,
+                                  bm25)
         SELECT s.document_id, %(collection)s, s.ordinal, s.text, s.start_offset, s.end_offset, s.token_count,
-               %(model)s, %(dims)s, s.embedding, %(config)s::regconfig, {weights}
+               %(model)s, %(dims)s, s.embedding, s.ts_config::regconfig, s.lexemes, {weights}
         FROM {STAGING_TABLE} s
         ORDER BY s.document_id, s.ordinal
         """,
         {
-            "config": collection.text_search_config,
             "collection": collection.pk,
             "model": embedder.name,
             "dims": embedder.dimensions,

@@ -2,7 +2,8 @@
 
 The text is tokenised once by a caller-supplied tokenizer (the embedding model's, so token
 counts are the model's), and chunk boundaries are then chosen among token boundaries, preferring
-headings, paragraph breaks, sentence ends and line breaks, in that order. Pure Python, no Django.
+headings, paragraph breaks, sentence ends (English and Japanese: search.analysis.sentences) and line
+breaks, in that order. Pure Python, no Django.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from search.analysis.sentences import ends_japanese_sentence
 
 __all__ = ["TextChunk", "Tokenize", "chunk_text", "whitespace_tokenize"]
 
@@ -202,6 +205,9 @@ class _Chunker:
                 and self._ends_sentence(previous_end)
                 and (has_newline or _starts_sentence(self.text[next_start]))
             ):
+                result = _SENTENCE
+            elif ends_japanese_sentence(self.text, previous_end):
+                # 。！？ end a Japanese sentence with no space after them.
                 result = _SENTENCE
             elif has_newline:
                 result = _LINE

@@ -20,9 +20,9 @@ from django.conf import settings
 from django.db import transaction
 
 from billing import ledger
-from search import bm25
-from search.embedders import Embedder, EmbedderError, embedder_get
-from search.ingest.chunk_writes import Prepared, chunks_write_batch
+from search import analysis, bm25
+from search.embedders import DEFAULT_EMBEDDER, Embedder, EmbedderError, embedder_get
+from search.ingest.chunk_writes import Prepared, chunks_analysed, chunks_write_batch
 from search.ingest.chunking import TextChunk, chunk_text
 from search.ingest.parsers import ParsedDocument, ParseError, parse_document
 from search.ingest.status import IngestError, document_fail, progress_set, status_set
@@ -135,8 +135,31 @@ def document_chunks(parsed: ParsedDocument, embedder: Embedder) -> list[TextChun
     )
 
 
+def collection_embedder_settle(collection: Collection, text: str) -> None:
+    """A new collection's embedder, chosen by its first document's language: a collection
+    that reads Japanese (``auto`` or ``ja``) and holds nothing yet moves from the default,
+    English-only embedder to ``EMBEDDING_MODEL_JAPANESE``. One conditional UPDATE: of two
+    workers preparing a new collection's first documents, the first decides for both."""
+    if collection.chunk_count:
+        return
+    # Another document of this batch (its own instance of the row) may have decided already.
+    collection.refresh_from_db(fields=["embedding_model", "embedding_dimensions"])
+    if (
+        collection.embedding_model != DEFAULT_EMBEDDER
+        or settings.EMBEDDING_MODEL_JAPANESE == DEFAULT_EMBEDDER
+        or analysis.language_resolved(collection.language, text) != analysis.JAPANESE
+    ):
+        return
+    embedder = embedder_get(settings.EMBEDDING_MODEL_JAPANESE)
+    Collection.objects.filter(
+        pk=collection.pk, chunk_count=0, embedding_model=DEFAULT_EMBEDDER, chunks__isnull=True
+    ).update(embedding_model=embedder.name, embedding_dimensions=embedder.dimensions)
+    collection.refresh_from_db(fields=["embedding_model", "embedding_dimensions"])
+
+
 def _prepare(document: Document, parsed: ParsedDocument, text_sha256: str) -> Prepared:
     """Chunk one parsed document with its collection's embedder's tokenizer."""
+    collection_embedder_settle(document.collection, parsed.text)
     embedder = embedder_get(document.collection.embedding_model)
     chunks = document_chunks(parsed, embedder)
     if not chunks:
@@ -151,6 +174,7 @@ def _prepare(document: Document, parsed: ParsedDocument, text_sha256: str) -> Pr
         text_sha256=text_sha256,
         metadata={**document.metadata, **parsed.metadata},
         embedder=embedder,
+        analyses=chunks_analysed(document.collection, chunks),
     )
 
 

@@ -1,4 +1,4 @@
-# Client ids name their kind (search.conversations.client_id_of): "user:<id>" or "key:<id>".
+# Client ids name their kind (search.answering.conversations.client_id_of): "user:<id>" or "key:<id>".
 # A bare number was a user's or an API key's id, and the two could be the same number: key 1
 # listed, and could continue, user 1's conversations. Written by hand.
 

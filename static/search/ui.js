@@ -10,11 +10,24 @@
  * - The documents' summary line is a live region, updated only when its text changes.
  * - A failed request for the answer panel or an upload says so there.
  *
- * Text from documents and models only ever becomes DOM text nodes, never HTML.
+ * Text from documents and models only ever becomes DOM text nodes, never HTML. The script's
+ * own words come from the page, in its language: the JSON of #ui-strings
+ * (frontdoors/ui/languages.py, script_strings), through phrase().
  */
 "use strict";
 
 (function () {
+  const STRINGS = (() => {
+    const element = document.getElementById("ui-strings");
+    return element ? JSON.parse(element.textContent) : {};
+  })();
+
+  // The page's words for `key`, each %(name)s replaced by values[name].
+  function phrase(key, values = {}) {
+    const words = STRINGS[key] ?? key;
+    return words.replace(/%\((\w+)\)s/g, (whole, name) => (name in values ? String(values[name]) : whole));
+  }
+
   // The citation syntax of search/prompting.py (citation_markers): [1], [1, 3], [2-4].
   const CITATION = /\[\s*(\d{1,6}(?:\s*[-\u2013]\s*\d{1,6})?(?:\s*[,;]\s*\d{1,6}(?:\s*[-\u2013]\s*\d{1,6})?)*)\s*\]/g;
   const CITATION_RANGE_MAX = 50; // search.prompting.CITATION_RANGE_MAX
@@ -47,7 +60,7 @@
     link.href = source.url;
     link.dataset.passage = "";
     link.title = source.title;
-    link.setAttribute("aria-label", `Source ${number}: ${source.title}`);
+    link.setAttribute("aria-label", phrase("source", { number, title: source.title }));
     link.textContent = String(number);
     return link;
   }
@@ -77,7 +90,7 @@
       appendWithCitations(container, chars.slice(position, sentence.start).join(""), sources);
       const span = document.createElement("span");
       span.className = "unsupported";
-      span.title = "No passage given to the answer supports this sentence";
+      span.title = phrase("unsupported_title");
       appendWithCitations(span, chars.slice(sentence.start, sentence.end).join(""), sources);
       container.append(span);
       position = sentence.end;
@@ -122,21 +135,21 @@
     events.addEventListener("delta", (event) => {
       text += JSON.parse(event.data).text;
       show(false);
-      status.textContent = "Writing the answer…";
+      status.textContent = phrase("writing");
     });
     events.addEventListener("progress", (event) => {
       const progress = JSON.parse(event.data);
-      status.textContent = `Reading the sources: ${progress.done} of ${progress.total} parts done…`;
+      status.textContent = phrase("reading", { done: progress.done, total: progress.total });
     });
     events.addEventListener("retry", (event) => {
       const retry = JSON.parse(event.data);
-      status.textContent = `The model did not answer (${retry.kind || "error"}); trying again…`;
+      status.textContent = retry.kind ? phrase("retrying", { kind: retry.kind }) : phrase("retrying_unknown");
     });
     // The generation has ended; its citations are being checked. Then the stored answer
     // replaces what streamed: invented markers gone, citations moved or added, and
     // unsupported sentences marked, as frontdoors/ui/rendering.py renders it.
     events.addEventListener("stats", () => {
-      status.textContent = "Checking the citations…";
+      status.textContent = phrase("checking");
     });
     events.addEventListener("answer", (event) => {
       const stored = JSON.parse(event.data);
@@ -146,25 +159,25 @@
       shown = text.length;
       const unsupported = (stored.sentences || []).filter((sentence) => sentence.action === "unsupported").length;
       const note = unsupported
-        ? ` ${unsupported} sentence${unsupported === 1 ? "" : "s"} not supported by the passages given (marked).`
+        ? ` ${phrase(unsupported === 1 ? "unsupported_one" : "unsupported_other", { counter: unsupported })}`
         : "";
-      finish(`Done.${note}`, "done");
+      finish(`${phrase("done")}${note}`, "done");
     });
     events.addEventListener("error", (event) => {
       if (event.data !== undefined) {
         // The stream's own "error" event: the answer failed, with the reason.
-        finish(`Failed: ${JSON.parse(event.data).message}`, "failed");
+        finish(phrase("failed", { reason: JSON.parse(event.data).message }), "failed");
       } else if (events.readyState === EventSource.CLOSED) {
         // The server refused the connection (logged out, or the answer is gone).
-        finish("The connection was refused. Reload the page to see the answer.", "lost");
+        finish(phrase("refused"), "lost");
       } else {
         // The connection dropped: the browser reconnects by itself from the last event id.
-        status.textContent = "Connection lost; reconnecting…";
+        status.textContent = phrase("reconnecting");
       }
     });
     if (stopButton) {
       stopButton.addEventListener("click", () => {
-        finish("Stopped.", "stopped");
+        finish(phrase("stopped"), "stopped");
         textBox.focus();
       });
     }
@@ -196,13 +209,16 @@
 
   // ------------------------------------------------------------------ uploads
 
+  // File names listed the page's language's way ("a, b and c"; "a、b、c").
+  const listFormat = new Intl.ListFormat(document.documentElement.lang || undefined, { type: "conjunction" });
+
   function dropzone(zone) {
     const input = zone.querySelector("input[type='file']");
     const chosen = zone.querySelector("[data-dropzone-chosen]");
     const form = zone.closest("form");
     const describe = () => {
       const names = Array.from(input.files, (file) => file.name);
-      chosen.textContent = names.length ? `Chosen: ${names.join(", ")}` : "";
+      chosen.textContent = names.length ? phrase("chosen", { names: listFormat.format(names) }) : "";
     };
     ["dragenter", "dragover"].forEach((type) =>
       zone.addEventListener(type, (event) => {
@@ -238,9 +254,7 @@
     alert.className = "error";
     alert.setAttribute("role", "alert");
     const status = event.detail.xhr && event.detail.xhr.status;
-    alert.textContent = status
-      ? `The server could not do that (HTTP ${status}). Try again, or reload the page.`
-      : "The server could not be reached. Try again.";
+    alert.textContent = status ? phrase("server_failed", { status }) : phrase("unreachable");
     target.replaceChildren(alert);
   }
   document.addEventListener("htmx:responseError", requestFailed);

@@ -178,7 +178,7 @@ def test_up_runs_the_whole_system_restarts_a_dead_worker_and_a_second_run_keeps_
             DJANGO_SUPERUSER_PASSWORD="correct horse battery staple",
         )
         count = "from search.models import Document; print(Document.objects.count())"
-        assert first.manage("shell", "-v", "0", "-c", count).strip() == "6"
+        assert first.manage("shell", "-v", "0", "-c", count).strip() == "14"
         # A browser's kept-alive connection, open when Ctrl-C comes: the server closes it
         # first, so once the browser closes its side too, the server's side sits in
         # TIME-WAIT when the second run binds the port.
@@ -218,8 +218,8 @@ def test_up_runs_the_whole_system_restarts_a_dead_worker_and_a_second_run_keeps_
     poller = threading.Thread(target=poll_healthz, daemon=True)
     try:
         second.wait_ready()
-        assert "demo corpus: 0 documents added, 6 already present" in second.log()
-        assert second.manage("shell", "-v", "0", "-c", count).strip() == "6"
+        assert "demo corpus: 0 documents added, 14 already present" in second.log()
+        assert second.manage("shell", "-v", "0", "-c", count).strip() == "14"
         assert _admin_login(second.base, "ops", "correct horse battery staple") == f"{second.base}/admin/"
 
         # A worker killed while up runs: restarted, and no document is lost.
@@ -618,7 +618,7 @@ def test_up_serves_the_demo_model_out_of_the_box_and_answers_extractively_while_
         key = system.manage("shell", "-v", "0", "-c", make_key).strip()
         indexed = "from search.models import Document; print(Document.objects.filter(status='indexed').count())"
         wait_for(
-            lambda: system.manage("shell", "-v", "0", "-c", indexed).strip() == "6", 180, "the demo corpus indexed"
+            lambda: system.manage("shell", "-v", "0", "-c", indexed).strip() == "14", 180, "the demo corpus indexed"
         )
         warming = _asked(system, key, "What is the per-diem for a full day in Zürich?")
         assert (warming["status"], warming["mode"]) == ("done", "extractive")

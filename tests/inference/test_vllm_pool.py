@@ -20,11 +20,11 @@ from django.db import connection
 from billing.models import UsageRecord
 from frontdoors.readiness import readiness_summary
 from inference.models import Provider, Route
-from search.answers import answer_create
+from search.answering.answers import answer_create
 from search.models import Answer
 from tests.conftest import celery_worker
+from tests.search.answering.test_answers import DOCUMENTS, deltas, read_stream, wait_for_answer
 from tests.search.files import ingest_texts
-from tests.search.test_answers import DOCUMENTS, deltas, read_stream, wait_for_answer
 
 # Each test may wait for a vLLM server to start, or (the kill test) to start again.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.timeout(900)]

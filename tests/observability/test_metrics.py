@@ -136,9 +136,9 @@ def test_metrics_of_every_process_after_real_traffic(start_web, start_worker, up
     assert value(samples, "ragsite_search_duration_seconds_count", mode="hybrid") == 3
     # The cache is the session's Redis; the second answer's question is the first one's. Each
     # answer looks its question up once more, to judge whether its sources answer it
-    # (search.abstention): a hit, since its retrieval has just embedded it. The pool's answer
+    # (search.answering.abstention): a hit, since its retrieval has just embedded it. The pool's answer
     # (an untrained model's text, which nothing supports) is quoted from its sources instead,
-    # which looks the question up once more (search.answers._quoted_instead).
+    # which looks the question up once more (search.answering.answers._quoted_instead).
     assert sum(samples["ragsite_query_embedding_cache_total"].values()) == 6
     assert value(samples, "ragsite_query_embedding_cache_total", result="hit") >= 3
     documents = {dict(key)["status"]: count for key, count in samples["ragsite_documents"].items()}

@@ -10,7 +10,7 @@ Covered elsewhere and not repeated here:
   ``reject_on_worker_lost``): tests/search/test_ingest_worker.py;
 - a killed generation *pool process* (the parent ends the stream, queues the ledger row
   through ``inference.execution.lost_generation_end``, the answer fails ``worker_lost``):
-  tests/search/test_answers.py::test_a_generation_whose_process_dies_fails_the_answer_and_is_still_billed
+  tests/search/answering/test_answers.py::test_a_generation_whose_process_dies_fails_the_answer_and_is_still_billed
   and tests/inference/test_isolation.py.
 
 Here the whole worker dies (SIGKILL to its process group, parent included: nobody is left
@@ -33,7 +33,7 @@ from billing.models import UsageRecord
 from inference.models import Provider, Route
 from inference.streams import stream_events, stream_read
 from ragsite.redis import redis_client
-from search.answers import answer_create
+from search.answering.answers import answer_create
 from search.models import Answer, Chunk, Document
 from search.services import collection_create, document_create, workspace_create
 from tests.frontdoors.api.conftest import DOCUMENTS
@@ -178,7 +178,7 @@ def test_a_map_steps_worker_killed_mid_generation_fails_the_answer_with_that_ste
     processes running them): each step's end reaches the answer through its ledger entry,
     written by the worker's parent at once, and the answer fails within seconds with that
     step's reason. Exactly one ledger row per map request that ran; no reduce request."""
-    from tests.search.test_answers import BIG, remote_provider
+    from tests.search.answering.test_answers import BIG, remote_provider
 
     workspace = workspace_create(name="Big", slug="big-killed")
     collection = collection_create(workspace=workspace, name="Reports")

@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 from search.conversational_eval import conversation_built, followups_read, subject_of
 from tests.search.test_commands import write_mini
 
-# word -> (lexeme, IDF), as search.conversations.word_weights gives them.
+# word -> (lexeme, IDF), as search.answering.conversations.word_weights gives them.
 AIRCRAFT = "what similarity laws must be obeyed when constructing aeroelastic models of heated high speed aircraft ."
 AIRCRAFT_WEIGHTS = {
     "what": ("what", 5.0),  # rarest of all, but a word that asks: never the subject
@@ -167,7 +167,7 @@ def test_followups_go_with_conversational(tmp_path):
 @pytest.mark.django_db(transaction=True)  # the remote worker reads the route
 def test_rewrite_route_adds_the_models_reading_and_counts_its_fallbacks(tmp_path, upstream_server):
     from tests.conftest import celery_worker
-    from tests.search.test_answers import remote_provider
+    from tests.search.answering.test_answers import remote_provider
     from tests.upstream_server import upstream_log, upstream_script
 
     write_mini(tmp_path / "mini")

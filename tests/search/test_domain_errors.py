@@ -13,8 +13,8 @@ from frontdoors.api.errors import api_error_of, error_json
 from frontdoors.openai_api.errors import from_domain
 from inference.backpressure import PoolFull, QueueFull
 from inference.errors import RouteNotFound, RouteUnavailable, SpeculationUnavailable
-from search.answers import AnswerError
-from search.prompting import PromptTooLong
+from search.answering.answers import AnswerError
+from search.answering.prompting import PromptTooLong
 from search.selectors import SearchError
 from search.services import DocumentRejected, DocumentTooLarge, StorageQuotaExceeded
 

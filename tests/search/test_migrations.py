@@ -38,7 +38,10 @@ def migrate_to_latest() -> None:
 
 def state(collection_id: int) -> dict:
     """Everything BM25 keeps for a collection, and the chunks themselves."""
-    collection = Collection.objects.get(pk=collection_id)
+    # Only the columns every migration has: an older schema lacks later ones (language, 0010).
+    collection = Collection.objects.only("text_search_config", "chunk_count", "lexeme_total", "bm25_avgdl").get(
+        pk=collection_id
+    )
     with connection.cursor() as cursor:
         cursor.execute("SELECT term, df FROM search_termstat WHERE collection_id = %s ORDER BY term", [collection_id])
         terms = cursor.fetchall()

@@ -218,19 +218,6 @@ def test_bad_requests_are_refused_with_the_reason(corpus):
     assert search(corpus, "the -robot", mode="keyword").hits == []
 
 
-def test_collections_of_different_models_are_not_mixed(corpus, monkeypatch):
-    workspace, collection, _ = corpus
-    other = Collection.objects.create(
-        workspace=workspace,
-        name="Big model",
-        embedding_model="openai:text-embedding-3-small",
-        embedding_dimensions=1536,
-    )
-    with pytest.raises(SearchError, match="different embedding models"):
-        chunk_search(query="robot", workspace=workspace, collection_ids=[collection.pk, other.pk], mode="dense")
-    other.delete()
-
-
 def test_query_embeddings_are_cached(corpus, monkeypatch):
     from search import embedders
 

@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 
 from billing import client_keys
 from billing.models import ClientKey
-from search.answers import answer_create
+from search.answering.answers import answer_create
 from search.models import Answer, Chunk, Collection, Document, Membership, Workspace
 from search.services import collection_create, document_create, document_delete, workspace_create
 from tests.frontdoors.api.conftest import DOCUMENTS

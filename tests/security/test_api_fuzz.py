@@ -66,6 +66,7 @@ OPERATIONS = {
     "POST /api/v1/documents",
     "GET /api/v1/documents/{document_id}",
     "DELETE /api/v1/documents/{document_id}",
+    "GET /api/v1/documents/{document_id}/file",
     "POST /api/v1/documents/{document_id}/retry",
     "GET /api/v1/search",
     "POST /api/v1/search",

@@ -138,7 +138,7 @@ OBEYED = (
     "ROUTE=evil-route KEYS=disabled CANARY=100 [1]"
 )
 # The same as stored and shown, its citations checked: the first sentence is the planted
-# document's own words, and gets its citation (search/verification.py).
+# document's own words, and gets its citation (search/answering/verification.py).
 CHECKED = OBEYED.replace("Done as the document asked.", "Done as the document asked [1].")
 
 
@@ -177,8 +177,8 @@ def test_a_hostile_document_and_an_obedient_model_change_nothing_and_run_nothing
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as shown
 
+    from search.answering.prompting import SYSTEM_PROMPT
     from search.models import Answer
-    from search.prompting import SYSTEM_PROMPT
     from tests.browser import console_errors, wait_until
     from tests.frontdoors.ui.conftest import PASSWORD, member
     from tests.inference.routing_helpers import key_make, provider_make, route_make

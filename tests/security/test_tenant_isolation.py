@@ -26,8 +26,10 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import translation
 from rest_framework.test import APIClient
 
+from ragsite.models import UserPreference
 from search.models import Answer, Collection, Document
 from tests.frontdoors.api.test_usage import record
 from tests.security.conftest import SECRET_COLLECTION, SECRET_DOCUMENTS, SECRET_SENTENCE, Tenant
@@ -370,6 +372,16 @@ def ui_workspace(c: Caller, route: str) -> None:
     assert c.call(c.member, "GET", "/documents/").status_code == 200
 
 
+def ui_language(c: Caller, route: str) -> None:
+    """The language switcher saves the caller's own choice only, and sends them back to the site."""
+    response = c.call(c.member, "POST", "/language/", {"language": "ja", "next": "https://evil.example/"})
+    assert (response.status_code, response["Location"]) == (302, "/")
+    assert UserPreference.objects.get(user=c.a.user).language == "ja"
+    assert not UserPreference.objects.filter(user=c.b.user).exists()
+    assert c.call(c.member, "GET", "/documents/").status_code == 200
+    translation.deactivate()  # the page activated Japanese in this thread: not for the tests after
+
+
 def logout(c: Caller, route: str) -> None:
     other = Client()
     other.force_login(c.a.user)
@@ -402,6 +414,7 @@ ROUTES: dict[str, Probe] = {
     "documents/<int:document_id>/retry/": ui_not_found("POST"),
     "documents/<int:document_id>/delete/": ui_not_found("POST"),
     "workspace/": ui_workspace,
+    "language/": ui_language,
     "accounts/login/": public("GET", "/accounts/login/", 200),
     "accounts/logout/": logout,
     # Health and the like: no objects.

@@ -1,10 +1,12 @@
 """Markdown read as prose: markers dropped, link and image text kept, code verbatim, headings recorded.
 
 Title: the first ``#`` heading, else the first heading of any level, else the front matter's ``title:``.
+Date: the front matter's ``date:`` (ISO 8601), into the document's metadata.
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 
 from search.ingest.parsers.common import _LINE_BREAK_RE, ParsedDocument, _finish, _one_line, _TextBuilder
@@ -13,6 +15,8 @@ from search.ingest.parsers.decoding import _decode_text
 _MD_COMMENT_RE = re.compile(r"<!--.*?-->", re.DOTALL)
 _MD_FRONT_MATTER_RE = re.compile(r"\A---[ \t]*\n(.*?\n)(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
 _MD_FRONT_MATTER_TITLE_RE = re.compile(r"^title:[ \t]*[\"']?(.*?)[\"']?[ \t]*$", re.MULTILINE)
+# The document's date (``date: 2026-10-15``): what "the latest report" is judged by (search.selectors).
+_MD_FRONT_MATTER_DATE_RE = re.compile(r"^date:[ \t]*[\"']?(\d{4}-\d{2}-\d{2})", re.MULTILINE)
 _MD_FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _MD_ATX_HEADING_RE = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
 _MD_SETEXT_RE = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
@@ -27,15 +31,21 @@ _MD_LINK_RE = re.compile(r"\[([^\]\n]*)\]" + _MD_TARGET)
 _MD_REF_LINK_RE = re.compile(r"!?\[([^\]\n]+)\]\[[^\]\n]*\]")
 _MD_AUTOLINK_RE = re.compile(r"<((?:https?|ftp|mailto):[^>\s]+)>")
 _MD_CODE_SPAN_RE = re.compile(r"(`+)(.+?)\1")
-_MD_STRONG_RE = re.compile(r"(?<![\w\\])(\*\*|__)(?=\S)(.+?)(?<=[^\s\\])\1(?!\w)")
-_MD_EMPHASIS_RE = re.compile(r"(?<![\w\\*])([*_])(?=[^\s*_])(.+?)(?<=[^\s\\])\1(?![\w*])")
+# Emphasis with * may sit inside a word, as CommonMark allows: Japanese has no spaces around
+# it (経費は**必ず**提出). Emphasis with _ may not, so that snake_case_name stays as written.
+_MD_STRONG_RE = re.compile(
+    r"(?<![\\*])\*\*(?=[^\s*])(.+?)(?<=[^\s\\])\*\*|(?<![\w\\])__(?=\S)(.+?)(?<=[^\s\\])__(?!\w)"
+)
+_MD_EMPHASIS_RE = re.compile(
+    r"(?<![\\*])\*(?=[^\s*_])(.+?)(?<=[^\s\\])\*(?!\*)|(?<![\w\\*])_(?=[^\s*_])(.+?)(?<=[^\s\\])_(?![\w*])"
+)
 _MD_ESCAPE_RE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|>~<])")
 
 
 def _markdown_prose(text: str) -> str:
     """Emphasis markers and backslash escapes removed from text outside code spans."""
-    text = _MD_STRONG_RE.sub(r"\2", text)
-    text = _MD_EMPHASIS_RE.sub(r"\2", text)
+    text = _MD_STRONG_RE.sub(r"\1\2", text)
+    text = _MD_EMPHASIS_RE.sub(r"\1\2", text)
     return _MD_ESCAPE_RE.sub(r"\1", text)
 
 
@@ -63,10 +73,17 @@ def _parse_markdown(data: bytes) -> ParsedDocument:
     source, encoding = _decode_text(data)
     source = _LINE_BREAK_RE.sub("\n", source)
     front_matter_title = None
+    metadata = {"encoding": encoding}
     front_matter = _MD_FRONT_MATTER_RE.match(source)
     if front_matter:
         title_match = _MD_FRONT_MATTER_TITLE_RE.search(front_matter.group(1))
         front_matter_title = _one_line(title_match.group(1)) if title_match else None
+        date_match = _MD_FRONT_MATTER_DATE_RE.search(front_matter.group(1))
+        if date_match:
+            try:
+                metadata["date"] = datetime.date.fromisoformat(date_match.group(1)).isoformat()
+            except ValueError:
+                pass  # not a calendar date (2026-02-30): the document simply has none
         source = source[front_matter.end() :]
     source = _MD_COMMENT_RE.sub("", source)
 
@@ -124,4 +141,4 @@ def _parse_markdown(data: bytes) -> ParsedDocument:
                     first_h1 = first_h1 or _one_line(text)
             builder.paragraph_break()
     title = first_h1 or first_heading or front_matter_title
-    return _finish(builder, title=title, metadata={"encoding": encoding})
+    return _finish(builder, title=title, metadata=metadata)

@@ -19,6 +19,13 @@ retrieve, generate and verify it. Judged per answer:
 
 The same figures of the text as generated (before verification) are printed beside
 (``unverified``). The last line printed is one JSON object. docs/answers.md.
+
+A file of reading-comprehension answers, ``{"id", "question", "answers": [...], "doc"}`` (as
+``../shared/data/jsquad-ja/answers.jsonl``), is read too: an answer is correct when it holds
+any listed answer, and its source is right when it cites ``doc``. Beside a BEIR corpus
+(``corpus.jsonl`` in the same folder) the corpus is ingested into the workspace first, as
+``eval_retrieval`` does. Text is compared after NFKC (full-width and half-width forms alike).
+``--half even|odd`` asks every other question only: tune on one half, report on the other.
 """
 
 from __future__ import annotations
@@ -27,14 +34,18 @@ import json
 import re
 import statistics
 import time
+import unicodedata
 from pathlib import Path
 
 from django.core.management.base import CommandError
 
 from ragsite.commands import DatabaseCommand
-from search.answers import answer_create
+from search import bulk_load as bulk
+from search.answering.answers import answer_create
+from search.answering.prompting import citation_markers
+from search.beir import is_beir_dir
 from search.models import Answer, Collection, Document, Workspace
-from search.prompting import citation_markers
+from search.services import workspace_create
 
 KINDS = ("single", "two_facts", "two_documents", "unanswerable")
 
@@ -49,19 +60,36 @@ def qa_read(path: Path) -> list[dict]:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise CommandError(f"{path}:{number}: not JSON ({exc})") from None
-        missing = [key for key in ("id", "question", "expected", "sources", "kind") if key not in item]
+        if "answers" in item and "expected" not in item:  # reading comprehension: any listed span
+            item = {
+                "id": item.get("id"),
+                "question": item.get("question"),
+                "answers": item["answers"],
+                "expected": [],
+                "sources": [item["doc"]] if item.get("doc") else [],
+                "kind": "single",
+            }
+            if not item["answers"] or not all(isinstance(a, str) and a for a in item["answers"]):
+                raise CommandError(f"{path}:{number}: answers must be a list of non-empty strings")
+        missing = [
+            key for key in ("id", "question", "expected", "sources", "kind") if key not in item or item[key] is None
+        ]
         if missing:
             raise CommandError(f"{path}:{number}: missing {', '.join(missing)}")
         if item["kind"] not in KINDS:
             raise CommandError(f"{path}:{number}: kind {item['kind']!r} is not one of {', '.join(KINDS)}")
         try:
-            item["patterns"] = [re.compile(pattern, re.IGNORECASE) for pattern in item["expected"]]
+            item["patterns"] = [re.compile(_nfkc(pattern), re.IGNORECASE) for pattern in item["expected"]]
         except re.error as exc:
             raise CommandError(f"{path}:{number}: a pattern does not compile ({exc})") from None
         items.append(item)
     if not items:
         raise CommandError(f"{path} holds no question")
     return items
+
+
+def _nfkc(text: str) -> str:
+    return unicodedata.normalize("NFKC", text)
 
 
 def _percentile(values: list[float], q: int) -> float | None:
@@ -108,7 +136,12 @@ def judge(item: dict, answer: Answer, files_by_document: dict[int, str]) -> dict
     }
     for name, text, abstained in (("", answer.text, answer.abstained), ("unverified_", original, False)):
         if answerable:
-            correct = answer.status == Answer.Status.DONE and all(p.search(text) for p in item["patterns"])
+            compared = _nfkc(text)
+            if "answers" in item:
+                held = any(_nfkc(expected) in compared for expected in item["answers"])
+            else:
+                held = all(p.search(compared) for p in item["patterns"])
+            correct = answer.status == Answer.Status.DONE and held
             # An answer that declined cites no source for the answer: its list of closest passages is not one.
             right_source = not abstained and set(item["sources"]) <= cited_files(text)
         else:
@@ -168,11 +201,25 @@ class Command(DatabaseCommand):
         parser.add_argument("--route", default=None, help="A route's name (default: the default route).")
         parser.add_argument("--timeout", type=float, default=300.0, help="Seconds to wait for one answer.")
         parser.add_argument("--limit", type=int, default=None, help="Only the first N questions.")
+        parser.add_argument(
+            "--half",
+            choices=("even", "odd"),
+            default=None,
+            help="Every other question: the 0th, 2nd... or the 1st, 3rd...",
+        )
 
     def handle(self, *args, **options):
         if not options["file"].is_file():
             raise CommandError(f"{options['file']} is not a file")
-        items = qa_read(options["file"])[: options["limit"]]
+        items = qa_read(options["file"])
+        if options["half"]:
+            items = items[(options["half"] == "odd") :: 2]
+        items = items[: options["limit"]]
+        corpus = options["file"].parent
+        if is_beir_dir(corpus):  # a reading-comprehension set beside its corpus: asked over it
+            workspace = workspace_create(name=options["workspace"].title(), slug=options["workspace"])
+            collection = bulk.beir_collection_ingested(workspace, corpus, log=self.stderr.write)
+            options["collection"] = [collection.name]
         workspace = Workspace.objects.filter(slug=options["workspace"]).first()
         if workspace is None:
             raise CommandError(f"no workspace {options['workspace']!r} (manage.py up loads the demo one)")
@@ -181,7 +228,13 @@ class Command(DatabaseCommand):
             collections = list(Collection.objects.filter(workspace=workspace, name__in=options["collection"]))
             if len(collections) != len(set(options["collection"])):
                 raise CommandError(f"not every collection of {options['collection']} is in {workspace.slug!r}")
-        files = dict(Document.objects.filter(collection__workspace=workspace).values_list("id", "source_name"))
+        # A document is named by its file, or a BEIR corpus's by its id there.
+        files = {
+            pk: (metadata.get("beir_ids") or [name])[0]
+            for pk, name, metadata in Document.objects.filter(collection__workspace=workspace).values_list(
+                "id", "source_name", "metadata"
+            )
+        }
         verdicts, models = [], set()
         for item in items:
             answer = answer_create(

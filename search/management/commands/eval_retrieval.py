@@ -10,11 +10,12 @@ the keyword ranking agrees with it, top 10 against top 10: over the same chunks 
 ranking function alone) and over whole documents (chunking included), on the collection's
 questions and on long questions built from the corpus itself (a document's title and first
 sentences). ``--references`` adds the exact dense and fused references and evaluates every
-mode against them.
+mode against them. ``--beside OTHER_DIR ...`` asks over a workspace that also holds those
+collections (each ingested once into its own collection), as the UI's default asks over all.
 
 ``--conversational`` asks each judged question as a conversation instead
 (search/conversational_eval.py): the question alone, the rule's follow-up alone, and the
-follow-up read with its first turn by ``search.conversations.followup_terms``, all judged
+follow-up read with its first turn by ``search.answering.conversations.followup_terms``, all judged
 with the question's qrels; ``--followups PATH`` adds a written sample of such turns.
 """
 
@@ -37,17 +38,17 @@ from tqdm import tqdm
 
 from inference import router
 from ragsite.commands import DatabaseCommand
+from search import analysis
 from search import bulk_load as bulk
 from search import conversational_eval as conversational
 from search import reference_rankings as reference
-from search import rewriting
+from search.answering import rewriting
+from search.answering.conversations import Turn, followup_terms
 from search.beir import corpus_read, is_beir_dir, mrr_at, ndcg_at, qrels_read, queries_read, recall_at
-from search.bm25 import collection_bm25_refresh
-from search.conversations import Turn, followup_terms
 from search.embedders import embedder_get
 from search.models import Chunk, Collection, Document
 from search.selectors import MODES, chunk_search
-from search.services import collection_create, workspace_create
+from search.services import workspace_create
 
 DEPTH = 100  # documents ranked per query (Recall@100)
 # How a conversation's question is asked: alone, its follow-up alone, the follow-up read with its first turn.
@@ -86,6 +87,17 @@ class Command(DatabaseCommand):
         parser.add_argument(
             "--references", action="store_true", help="Every mode against in-memory references (BM25, dense, fusion)."
         )
+        parser.add_argument(
+            "--beside",
+            nargs="+",
+            type=Path,
+            default=[],
+            metavar="OTHER_DIR",
+            help=(
+                "Also hold these BEIR collections in the workspace, each its own collection, and ask over all of"
+                " them at once, as the UI's default does: their documents are never relevant."
+            ),
+        )
         parser.add_argument("--long-questions", type=int, default=200, help="Long questions built from the corpus.")
         parser.add_argument("--seed", type=int, default=0, help="Which documents the long questions come from.")
         parser.add_argument(
@@ -103,8 +115,8 @@ class Command(DatabaseCommand):
             "--rewrite-route",
             default=None,
             help=(
-                "With --conversational: also each follow-up rewritten by this route's model (search/rewriting.py), "
-                "as answers do; needs its workers running (python3 dev.py up)."
+                "With --conversational: also each follow-up rewritten by this route's model"
+                " (search/answering/rewriting.py), as answers do; needs its workers running (python3 dev.py up)."
             ),
         )
         parser.add_argument(
@@ -123,7 +135,15 @@ class Command(DatabaseCommand):
         self.rewrite_route = options["rewrite_route"]
         self.rewrite_concurrency = max(1, options["rewrite_concurrency"])
         self.candidates = options["candidates"]
+        for other in options["beside"]:
+            if not is_beir_dir(other):
+                raise CommandError(f"{other} is not a BEIR-layout collection (no corpus.jsonl)")
+            if other.resolve() == directory.resolve():
+                raise CommandError(f"--beside {other} is the collection asked over")
+        if options["beside"] and (options["conversational"] or options["against_bm25"] or options["references"]):
+            raise CommandError("--beside is a run of its own: without --conversational, --against-bm25 or --references")
         self.collection = self._ensure_ingested(directory, workspace, language)
+        self.beside = [self._ensure_ingested(other, workspace, language) for other in options["beside"]]
         queries = queries_read(directory)
         qrels = qrels_read(directory, split)
         judged = [qid for qid in queries if qid in qrels]
@@ -136,6 +156,8 @@ class Command(DatabaseCommand):
         questions = [queries[qid] for qid in judged]
         judgements = [qrels[qid] for qid in judged]
         summary: dict = {"collection": directory.name, "queries": len(judged)}
+        if self.beside:
+            summary["beside"] = [other.name for other in options["beside"]]
         if options["conversational"]:
             summary["mode"] = mode
             summary.update(
@@ -162,7 +184,7 @@ class Command(DatabaseCommand):
         result = chunk_search(
             query=question,
             workspace=self.collection.workspace,
-            collection_ids=[self.collection.pk],
+            collection_ids=[self.collection.pk, *(other.pk for other in self.beside)],
             mode=mode,
             top_k=DEPTH,
             per_document=True,
@@ -171,7 +193,13 @@ class Command(DatabaseCommand):
             syntax="question",
         )
         elapsed = (time.perf_counter() - started) * 1000
-        return [doc_id for hit in result.hits for doc_id in self.beir_ids.get(hit.document_id, [])], elapsed
+        # A document of a collection beside holds its place in the ranking, judged irrelevant.
+        ranked = [
+            doc_id
+            for hit in result.hits
+            for doc_id in self.beir_ids.get(hit.document_id, [f"beside:{hit.document_id}"])
+        ]
+        return ranked, elapsed
 
     def _evaluate(self, mode: str, questions: list[str], judgements: list[dict]) -> tuple[dict, list[list[str]]]:
         rankings, latencies = [], []
@@ -253,7 +281,7 @@ class Command(DatabaseCommand):
         return (*VARIANTS, "followup_model") if self.rewrite_route else VARIANTS
 
     def _rewrites(self, conversations, readings) -> list[str]:
-        """Each follow-up as the route's model rewrites it for an answer (``search.rewriting``),
+        """Each follow-up as the route's model rewrites it for an answer (``search.answering.rewriting``),
         or, where the rewrite fails or is late, the term-based reading answers fall back to
         (counted in ``self.rewrite_fallbacks``, with the reasons)."""
 
@@ -345,7 +373,11 @@ class Command(DatabaseCommand):
         def as_ids(rankings: list[list[int]]) -> list[list[str]]:
             return [[ids[i] for i in ranking] for ranking in rankings]
 
-        bm25 = reference.bm25_rankings(texts, questions, depth=DEPTH, k1=settings.BM25_K1, b=settings.BM25_B)
+        # The corpus's language, as the collection read it (auto: each text's own; a sample decides here).
+        language = self.language = analysis.language_resolved(self.collection.language, " ".join(texts[:200]))
+        bm25 = reference.bm25_rankings(
+            texts, questions, depth=DEPTH, k1=settings.BM25_K1, b=settings.BM25_B, language=language
+        )
         keyword, keyword_rankings = self._evaluate("keyword", questions, judgements)
         out["keyword_vs_bm25s"] = self._agreement(
             keyword_rankings, as_ids(bm25), questions, judgements, _metrics(as_ids(bm25), judgements)
@@ -357,7 +389,9 @@ class Command(DatabaseCommand):
         long_questions = [reference.long_question(corpus[i].title, corpus[i].text) for i in sampled]
         long_judgements = [{ids[i]: 1} for i in sampled]  # the document the question was built from
         long_bm25 = as_ids(
-            reference.bm25_rankings(texts, long_questions, depth=DEPTH, k1=settings.BM25_K1, b=settings.BM25_B)
+            reference.bm25_rankings(
+                texts, long_questions, depth=DEPTH, k1=settings.BM25_K1, b=settings.BM25_B, language=language
+            )
         )
         long_ours = [self._ranked(q, "keyword")[0] for q in tqdm(long_questions, desc="long", disable=None)]
         out["long_questions"] = {
@@ -390,7 +424,11 @@ class Command(DatabaseCommand):
             figures["ndcg@10_minus_reference"] = round(figures["ndcg@10"] - expected["ndcg@10"], 4)
             out[mode] = figures
         out["references"] = {
-            "keyword": "bm25s, Lucene's English stop words, Snowball (PyStemmer), k1 1.5, b 0.75",
+            "keyword": (
+                "bm25s, the product's Japanese analyser (MeCab, UniDic lemmas of content words), k1 1.5, b 0.75"
+                if language == analysis.JAPANESE
+                else "bm25s, Lucene's English stop words, Snowball (PyStemmer), k1 1.5, b 0.75"
+            ),
             "dense": f"exact cosine, {self.collection.embedding_model}, whole documents",
             "hybrid": f"reciprocal-rank fusion of the two, k = {reference.RRF_K}, depth {reference.FUSION_DEPTH}",
         }
@@ -403,7 +441,12 @@ class Command(DatabaseCommand):
         embedder's window is scored by its best passage instead of as a whole."""
         chunks = self.chunks
         per_chunk = reference.bm25_rankings(
-            [text for _, text in chunks], questions, depth=DEPTH * 3, k1=settings.BM25_K1, b=settings.BM25_B
+            [text for _, text in chunks],
+            questions,
+            depth=DEPTH * 3,
+            k1=settings.BM25_K1,
+            b=settings.BM25_B,
+            language=self.language,
         )
         same_chunks = []
         for ranking in per_chunk:
@@ -425,25 +468,12 @@ class Command(DatabaseCommand):
 
     def _ensure_ingested(self, directory: Path, workspace_slug: str, language: str) -> Collection:
         workspace = workspace_create(name=workspace_slug.title(), slug=workspace_slug)
-        name = f"beir:{directory.resolve().name}"
-        if language != Collection._meta.get_field("text_search_config").default:
-            name += f":{language}"
-        collection = collection_create(workspace=workspace, name=name, text_search_config=language)
-        if collection.text_search_config != language:
-            raise CommandError(f"{collection.name} exists with text_search_config {collection.text_search_config}")
-        new, refused = bulk.beir_store(collection, directory)
-        if refused and new:
-            self.stderr.write(f"{len(refused)} corpus entries refused, e.g. {refused[0]}")
-        todo = bulk.pending(collection)
-        if todo:
-            self.stderr.write(f"ingesting {len(todo)} documents ({len(new)} new) into {collection.name}")
-            with tqdm(total=len(todo), unit="doc", desc="ingest", disable=None) as bar:
-                bulk.ingest_in_batches(todo, on_documents_done=bar.update)
-            collection_bm25_refresh(collection_id=collection.pk)
-        failed = Document.objects.filter(collection=collection, status=Document.Status.FAILED)
-        for document in failed[:20]:
-            self.stderr.write(f"failed: {document.source_name}: {document.error}")
-        return collection
+        try:
+            return bulk.beir_collection_ingested(
+                workspace, directory, text_search_config=language, log=self.stderr.write
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
 
 
 def _metrics(rankings: list[list[str]], judgements: list[dict]) -> dict:

@@ -8,8 +8,8 @@ import uuid
 import pytest
 
 from search.models import Answer, Conversation
+from tests.search.answering.test_conversations import FIRST, FOLLOW_UP, FOLLOW_UP_QUERY, TRAVEL
 from tests.search.files import ingest_texts as ingest
-from tests.search.test_conversations import FIRST, FOLLOW_UP, FOLLOW_UP_QUERY, TRAVEL
 
 pytestmark = pytest.mark.django_db
 

@@ -17,6 +17,7 @@ ENDPOINTS = {
     "/api/v1/collections/{collection_id}": {"get"},
     "/api/v1/documents": {"get", "post"},
     "/api/v1/documents/{document_id}": {"get", "delete"},
+    "/api/v1/documents/{document_id}/file": {"get"},
     "/api/v1/documents/{document_id}/retry": {"post"},
     "/api/v1/search": {"get", "post"},
     "/api/v1/answers": {"post"},

@@ -23,8 +23,8 @@ from search.embedders import embedder_get
 from search.models import Answer
 from search.services import collection_create, workspace_create
 from tests.conftest import web_server
+from tests.search.answering.test_answers import DOCUMENTS
 from tests.search.files import ingest_texts as ingest
-from tests.search.test_answers import DOCUMENTS
 from tests.upstream_server import upstream_log, upstream_script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -109,7 +109,7 @@ def test_a_chat_completion_is_the_extractive_answer_with_its_citations(site, wor
 
 def test_the_messages_are_the_conversation_and_a_follow_up_cites_what_it_needs(site, db):
     from search.models import Document
-    from tests.search.test_conversations import FIRST, FOLLOW_UP, FOLLOW_UP_QUERY, TRAVEL
+    from tests.search.answering.test_conversations import FIRST, FOLLOW_UP, FOLLOW_UP_QUERY, TRAVEL
 
     workspace = workspace_create(name="Travel", slug="travel")
     ingest(collection_create(workspace=workspace, name="Handbook"), TRAVEL)

@@ -24,8 +24,8 @@ from search.models import Answer, Chunk
 from search.services import collection_create, workspace_create
 from tests.browser import console_errors, wait_until
 from tests.frontdoors.ui.conftest import PASSWORD, member
+from tests.search.answering.test_conversations import FIRST, FOLLOW_UP, FOLLOW_UP_QUERY, TRAVEL
 from tests.search.files import ingest_texts as ingest
-from tests.search.test_conversations import FIRST, FOLLOW_UP, FOLLOW_UP_QUERY, TRAVEL
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # the server sees committed rows
 

@@ -1,4 +1,4 @@
-"""Stored answers as HTML: every [n] form that search.prompting reads becomes links, the rest
+"""Stored answers as HTML: every [n] form that search.answering.prompting reads becomes links, the rest
 is escaped. (static/search/ui.js does the same for streamed answers; test_browser.py.)"""
 
 from __future__ import annotations

@@ -373,7 +373,7 @@ def test_a_superuser_without_memberships_sees_every_workspace(client, db):
 
 def test_a_follow_up_continues_the_thread_which_survives_a_reload_and_is_listed(client, tenants):
     from search.models import Conversation
-    from tests.search.test_conversations import FIRST, FOLLOW_UP, FOLLOW_UP_QUERY, TRAVEL
+    from tests.search.answering.test_conversations import FIRST, FOLLOW_UP, FOLLOW_UP_QUERY, TRAVEL
 
     ingest(tenants.manuals, TRAVEL)
     client.force_login(tenants.ann)

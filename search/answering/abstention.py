@@ -1,6 +1,6 @@
 """Whether the retrieved sources answer a question at all, decided before any answer is written.
 
-Shared by the extractive answer (``search.extractive``) and the generated one: both call
+Shared by the extractive answer (``search.answering.extractive``) and the generated one: both call
 ``relevance`` (or score once with ``sentences_score`` and read ``relevance_of``) and decline
 with ``NOT_ANSWERED`` when it says ``abstain``.
 
@@ -32,6 +32,7 @@ import hashlib
 import logging
 import math
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -39,15 +40,19 @@ import numpy as np
 from django.core.cache import cache
 from django.db import DatabaseError
 
+from search import analysis
+from search.analysis.japanese import QUESTION_TERMS
+from search.analysis.sentences import sentence_spans
+from search.answering import wording
+from search.answering.prompting import Source
 from search.bm25 import texts_lexemes
 from search.embedders import EmbedderError, embedder_get, query_embedding
 from search.models import Chunk
-from search.prompting import Source
 
 logger = logging.getLogger(__name__)
 
-NOT_ANSWERED = "The sources found do not answer this question."
-CLOSEST_LEAD = "Closest passages:"
+NOT_ANSWERED = wording.said("not_answered", analysis.ENGLISH)
+CLOSEST_LEAD = wording.said("closest_lead", analysis.ENGLISH)
 
 COVERAGE_WEIGHT = 0.5
 CONTEXT_WEIGHT = 0.5  # a term found only in the sentence's heading or list lead-in counts half
@@ -61,6 +66,10 @@ ANSWER_KIND_PENALTY = 0.3
 # abstention"): the threshold sits between the answerable demo questions and the
 # unanswerable ones, near-misses and questions asked of the other collection.
 ABSTAIN_BELOW = 0.76
+# The same line for a collection embedded by another model: cosines are on each model's own
+# scale (multilingual-e5-small's of related texts sit near 0.85, all-MiniLM-L6-v2's near 0.5).
+# Calibrated on the Japanese demo QA set (docs/answers.md, "Japanese").
+ABSTAIN_BELOW_BY_MODEL = {"multilingual-e5-small": 1.09}
 ABSTAIN_BELOW_LEXICAL = 0.45  # coverage alone, when the embedder cannot run
 CLOSEST = 3
 # Only in choosing which sentence to quote (``Against.ranking``), not in deciding to abstain.
@@ -90,14 +99,20 @@ _SECTION_NUMBER = re.compile(r"^\d{1,3}(?:\.\d{1,3})*\.?\s+")
 _ATX_HEADING = re.compile(r"^#{1,6}\s")
 _TERMINAL = ".!?\u2026\u3002\uff01\uff1f"
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?\u2026\u3002\uff01\uff1f])[\"'\u201d\u2019)\]]?\s+")
-_LABEL = re.compile(r"^([^\W\d][^:;.!?]{0,40}?):\s")
+_LABEL = re.compile(r"^([^\W\d][^:;.!?：]{0,40}?)(?::\s|：)")
+# A Japanese sentence end inside a line (search.analysis.sentences splits there).
+_JAPANESE_END = re.compile("[。！？](?!$)")
 _ABBREVIATIONS = frozenset(
     "dr mr mrs ms prof st no nr vs etc e.g i.e eg ie approx cf fig inc ltd co corp jr sr dept ca".split()
 )
 # Numbers: 5,000 / 2,500.01 / 7.5 / 10; not the digits of a name (Atlas-7, SEV1, 1Password).
 _NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+# Not the digits of a name (Atlas-7, SEV1, 1Password): no Latin letter or digit on either side.
+# A Japanese number stands between words (第3四半期, 3,000円): kanji and kana may touch it.
 _NUMBER_RE = re.compile(
-    rf"(?<![\w\-.,])(?P<cur>[€$£])?\s?(?P<n>{_NUMBER})(?![\w\-])(?:\s?(?P<unit>%|euros?\b|eur\b|chf\b))?", re.I
+    rf"(?<![A-Za-z0-9_\-.,])(?P<cur>[€$£¥])?\s?(?P<n>{_NUMBER})(?![A-Za-z0-9_\-])"
+    r"(?:\s?(?P<unit>%|euros?\b|eur\b|chf\b|円|万円|億円))?",
+    re.I,
 )
 _CURRENCY_BEFORE = re.compile(r"(?:eur|chf|usd)\s?$", re.I)
 _RANGE_RE = re.compile(
@@ -351,7 +366,7 @@ def _heading_text(line: str) -> str:
 
 def _is_strong_heading(line: str) -> bool:
     """A heading whatever surrounds it: Markdown's "#", all capitals, or a question."""
-    if _ATX_HEADING.match(line) or line.endswith("?"):
+    if _ATX_HEADING.match(line) or line.endswith(("?", "？")):
         return True
     letters = [c for c in _heading_text(line) if c.isalpha()]
     return len(letters) >= 2 and all(c.isupper() for c in letters) and not _ends_sentence(line)
@@ -362,17 +377,17 @@ def _is_heading(line: str) -> bool:
     line = line.strip()
     if _ATX_HEADING.match(line):
         return True
-    if line.endswith("?"):  # an FAQ's heading; a question never answers one
+    if line.endswith(("?", "？")):  # an FAQ's heading; a question never answers one
         return True
     body = _heading_text(line)
     if not body or _ends_sentence(body) or body.endswith(":"):
         return False
-    if re.search(r":\s*\S", body):  # "Owner: People Operations" says something
+    if re.search(r"(?::\s*|：)\S", body):  # "Owner: People Operations", 「担当：人事部」 say something
         return False
     letters = [c for c in body if c.isalpha()]
     if len(letters) >= 2 and all(c.isupper() for c in letters):
         return True
-    return len(_WORD.findall(body)) <= HEADING_MAX_WORDS
+    return len(analysis.words(body)) <= HEADING_MAX_WORDS
 
 
 def _context(heading: str, lead: str) -> str:
@@ -381,6 +396,12 @@ def _context(heading: str, lead: str) -> str:
 
 def _split_sentences(line: str) -> list[str]:
     pieces = [piece.strip() for piece in _SENTENCE_SPLIT.split(line) if piece.strip()]
+    # Japanese puts no space after 。！？: such a piece holds several sentences (search.analysis).
+    pieces = [
+        piece[start:end]
+        for piece in pieces
+        for start, end in (sentence_spans(piece) if _JAPANESE_END.search(piece) else [(0, len(piece))])
+    ]
     sentences: list[str] = []
     for piece in pieces:
         if sentences and _continues(sentences[-1], piece):
@@ -407,8 +428,8 @@ def _units_of(text: str, number: int, context: str, *, split: bool = False) -> l
         sentence = " ".join(sentence.split())
         if (
             len(sentence) < MIN_SENTENCE_CHARS
-            or len(_WORD.findall(sentence)) < MIN_SENTENCE_WORDS
-            or sentence.endswith("?")
+            or len(analysis.words(sentence)) < MIN_SENTENCE_WORDS
+            or sentence.endswith(("?", "？"))
             or sentence.endswith(":")
         ):
             continue
@@ -506,6 +527,7 @@ def _question_content(question: str) -> str:
 
 
 def numbers_of(text: str) -> list[Number]:
+    text = unicodedata.normalize("NFKC", text)  # full-width digits (１２３) are numbers too
     found = []
     for match in _NUMBER_RE.finditer(text):
         value = float(match.group("n").replace(",", ""))
@@ -513,6 +535,7 @@ def numbers_of(text: str) -> list[Number]:
         currency = (
             bool(match.group("cur"))
             or unit.startswith(("eur", "chf"))
+            or unit.endswith("円")
             or bool(_CURRENCY_BEFORE.search(text[: match.start()]))
         )
         found.append(Number(value, currency))
@@ -601,20 +624,33 @@ class AnswerKind:
     counted: str = ""  # for a count: the thing counted, singular ("minute", "robot")
 
 
+# The same in Japanese: いくら (money), 何日 (a duration), 何人 (a count of 人), どのくらい.
+_ASKS_MONEY_JA = re.compile(r"いくら|幾ら|金額|費用|料金|価格|値段|売上高|売り上げ|日当|手当|何円")
+_ASKS_DURATION_JA = re.compile(r"何(?:日|時間|分|週間|か月|ヶ月|カ月|年)|いつまで|どのくらいの期間|期限")
+_ASKS_COUNT_JA = re.compile(r"何(人|件|台|個|回|名|社|店|冊|枚)|いくつ")
+_ASKS_QUANTITY_JA = re.compile(r"どのくらい|どれくらい|何パーセント|何%|割合|比率")
+_MONEY_JA = re.compile(r"\d\s?(?:円|万円|億円|ドル|ユーロ)|[¥￥]\s?\d")
+_DURATION_JA = re.compile(r"\d\s?(?:日|時間|分|週間|か月|ヶ月|カ月|年|営業日)|即時|直ちに|速やかに|毎日|毎週|毎月")
+
+
 def answer_kind(question: str) -> AnswerKind | None:
     """What the question's words ask for ("How much does X cost?": money; "How long does it
     take?": a duration; "How many robots ...?": a count of robots; "How large ...?": a
     quantity), or None when they do not say."""
-    if _ASKS_MONEY.search(question):
+    question = unicodedata.normalize("NFKC", question)
+    if _ASKS_MONEY.search(question) or _ASKS_MONEY_JA.search(question):
         return AnswerKind("money")
     if _ASKS_INSTRUCTION.search(question):
         return AnswerKind("instruction")
-    if _ASKS_DURATION.search(question):
+    if _ASKS_DURATION.search(question) or _ASKS_DURATION_JA.search(question):
         return AnswerKind("duration")
     count = _ASKS_COUNT.search(question)
     if count:
         return AnswerKind("count", counted=count.group(1).split()[-1].lower())
-    if _ASKS_QUANTITY.search(question):
+    count = _ASKS_COUNT_JA.search(question)
+    if count:
+        return AnswerKind("count", counted=count.group(1) or "")
+    if _ASKS_QUANTITY.search(question) or _ASKS_QUANTITY_JA.search(question):
         return AnswerKind("quantity")
     return None
 
@@ -625,12 +661,15 @@ def holds_kind(kind: AnswerKind | None, sentence: str) -> bool:
     failed login attempts"), or any quantity."""
     if kind is None:
         return True
+    sentence = unicodedata.normalize("NFKC", sentence)
     if kind.name == "money":
-        return bool(_MONEY.search(sentence))
+        return bool(_MONEY.search(sentence) or _MONEY_JA.search(sentence))
     if kind.name == "duration":
-        return bool(_DURATION.search(sentence))
+        return bool(_DURATION.search(sentence) or _DURATION_JA.search(sentence))
     if kind.name == "instruction":
         return bool(_INSTRUCTS.search(sentence))
+    if kind.name == "count" and (not kind.counted or not kind.counted.isascii()):
+        return bool(re.search(rf"\d\s?{re.escape(kind.counted)}", sentence))
     if kind.name == "count":
         counted = re.escape(kind.counted[:5])
         return bool(re.search(rf"\b(?:{_NUMBER_WORDS})\b(?:\W+\w+){{0,3}}?\W+{counted}", sentence, re.IGNORECASE))
@@ -678,6 +717,8 @@ def sentences_score(
         [*(_question_content(q) for q in questions), *(unit.sentence for unit in units), *extras], text_search_config
     )
     question_lexemes, lexemes = lexemes[: len(questions)], lexemes[len(questions) :]
+    # Japanese question words (いくら, 教えてください) say what kind of answer is wanted.
+    question_lexemes = [set(terms) - QUESTION_TERMS for terms in question_lexemes]
     by_text = dict(zip(extras, lexemes[len(units) :], strict=True))
     scored.lexemes = [frozenset(held) for held in lexemes[: len(units)]]
     scored.context_lexemes = [frozenset(by_text.get(unit.context, ())) for unit in units]
@@ -819,11 +860,19 @@ def _against(scored: Scored, question: str, terms: frozenset[str]) -> Against:
     )
 
 
+def abstain_below(embedding_model: str | None, *, lexical_only: bool = False) -> float:
+    """The relevance below which the sources are taken not to answer, for sentences scored
+    with ``embedding_model`` (or without embeddings)."""
+    if lexical_only:
+        return ABSTAIN_BELOW_LEXICAL
+    return ABSTAIN_BELOW_BY_MODEL.get(embedding_model or "", ABSTAIN_BELOW)
+
+
 def relevance_of(scored: Scored, *, threshold: float | None = None) -> Relevance:
     """Whether the scored sources answer the question, and which come closest."""
     lexical_only = scored.lexical_only or (scored.whole is not None and scored.whole.dense is None)
     if threshold is None:
-        threshold = ABSTAIN_BELOW_LEXICAL if lexical_only else ABSTAIN_BELOW
+        threshold = abstain_below(scored.embedding_model, lexical_only=lexical_only)
     if scored.whole is None:
         return Relevance(score=-1.0, closest=[], abstain=True, lexical_only=lexical_only)
     best_by_number: dict[int, float] = {}
@@ -847,16 +896,18 @@ def relevance_of(scored: Scored, *, threshold: float | None = None) -> Relevance
     return Relevance(score=round(score, 4), closest=closest, abstain=score < threshold, lexical_only=lexical_only)
 
 
-def declined_text(closest: list[dict]) -> str:
-    """What an answer that abstains says: ``NOT_ANSWERED``, then the closest passages, one
-    line a document with its passages' numbers, nearest first ("- Remote Work Policy [2][5]")."""
+def declined_text(closest: list[dict], language: str = analysis.ENGLISH) -> str:
+    """What an answer that abstains says, in the question's ``language``: ``NOT_ANSWERED``,
+    then the closest passages, one line a document with its passages' numbers, nearest first
+    ("- Remote Work Policy [2][5]")."""
     by_title: dict[str, list[int]] = {}
     for passage in closest:
         by_title.setdefault(passage["title"], []).append(passage["number"])
+    not_answered = wording.said("not_answered", language)
     if not by_title:
-        return NOT_ANSWERED
+        return not_answered
     listed = [f"- {title} " + "".join(f"[{number}]" for number in numbers) for title, numbers in by_title.items()]
-    return "\n".join([NOT_ANSWERED, "", CLOSEST_LEAD, *listed])
+    return "\n".join([not_answered, "", wording.said("closest_lead", language), *listed])
 
 
 def relevance(

@@ -12,12 +12,12 @@ there, a turn further back weighing half), at most ``TERMS_MAX`` of them. The la
 whole rather than its words: measured on Cranfield's conversational sets, its words alone
 lost the dense half of retrieval (an embedding of a follow-up with words appended is not one
 of a question; docs/benchmarks.md, "Conversational retrieval"). With
-``FOLLOWUP_REWRITE`` on, ``search.answers`` asks the route's model for a rewrite first
-(``search.rewriting``) and falls back to this reading when the rewrite fails or is late,
+``FOLLOWUP_REWRITE`` on, ``search.answering.answers`` asks the route's model for a rewrite first
+(``search.answering.rewriting``) and falls back to this reading when the rewrite fails or is late,
 saying so in ``Answer.stats["followup"]``.
 
 ``history_for_prompt`` gives the earlier turns (questions and answers, their citation markers
-removed: the sources they cited are not in this prompt) for ``search.prompting``, which packs
+removed: the sources they cited are not in this prompt) for ``search.answering.prompting``, which packs
 them into the window oldest-dropped-first.
 """
 
@@ -31,8 +31,8 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from ragsite.errors import DomainError
+from search.answering.prompting import citation_markers
 from search.models import Answer, Collection, Conversation, Workspace
-from search.prompting import citation_markers
 from search.scoping import in_workspaces
 
 TITLE_MAX_CHARS = 200
@@ -160,9 +160,12 @@ class Turn:
     answer: str  # the text without citation markers; "" while unanswered, failed or declined
 
 
-# The first line of an answer quoted from its sources (search.answers: "Extracted from the
+# The first line of an answer quoted from its sources (search.answering.answers: "Extracted from the
 # sources (why):", QUOTED_LEAD): what the answer is, not what it says.
-_QUOTED_LEAD = re.compile(r"\A(?:Extracted|Quoted) from the sources(?: \([^\n]*\))?:[ \t]*\n")
+_QUOTED_LEAD = re.compile(
+    r"\A(?:(?:Extracted|Quoted) from the sources(?: \([^\n]*\))?:"
+    r"|資料から(?:抜粋|引用)しました(?:（[^\n]*）)?：)[ \t]*\n"
+)
 
 
 def text_without_markers(text: str) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from inference.models import Provider, Route
-from search import prompting
-from search.extractive import LEAD, NOTHING_FOUND, extractive_answer, sentences_of
-from search.prompting import (
+from search.answering import prompting
+from search.answering.extractive import LEAD, NOTHING_FOUND, extractive_answer, sentences_of
+from search.answering.prompting import (
     MAP_SYSTEM_PROMPT,
     NO_SOURCES,
     REDUCE_SYSTEM_PROMPT,

@@ -1,4 +1,4 @@
-"""Extractive answers and abstention (search/extractive.py, search/abstention.py).
+"""Extractive answers and abstention (search/answering/extractive.py, search/answering/abstention.py).
 
 The sentence rules run on texts as the parsers leave them; the answers run on the demo corpus
 (demo/corpus, ingested with the real embedder into real PostgreSQL) with the questions of
@@ -20,7 +20,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
-from search.abstention import (
+from search.analysis import language_of
+from search.answering.abstention import (
     ABSTAIN_BELOW,
     ABSTAIN_BELOW_LEXICAL,
     NOT_ANSWERED,
@@ -31,17 +32,17 @@ from search.abstention import (
     relevance,
     sentence_units,
 )
+from search.answering.extractive import CLOSEST_LEAD, LEAD, NOTHING_FOUND, extractive_answer
+from search.answering.prompting import Source, sources_from_hits
 from search.beir import corpus_read
-from search.extractive import CLOSEST_LEAD, LEAD, NOTHING_FOUND, extractive_answer
 from search.ingest import pipeline
 from search.models import Document
-from search.prompting import Source, sources_from_hits
 from search.selectors import chunk_search
 from search.services import collection_create, document_create, workspace_create
 
 pytestmark = pytest.mark.django_db
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "demo" / "corpus"
 QA = [json.loads(line) for line in (ROOT / "demo" / "qa.jsonl").read_text(encoding="utf-8").splitlines() if line]
 CRANFIELD = ROOT / "tests" / "data" / "cranfield_500"
@@ -192,11 +193,12 @@ def ingest(collection, documents: list[tuple[str, bytes]]) -> None:
 
 @pytest.fixture(scope="module")
 def demo(django_db_setup, django_db_blocker, tmp_path_factory):
-    """The demo corpus as ``seed_demo`` loads it, ingested once for the module."""
+    """The demo corpus's handbook as ``seed_demo`` loads it (its English files), ingested once for the module."""
+    english = [path for path in sorted(DEMO.iterdir()) if language_of(path.read_text(encoding="utf-8")) == "en"]
     with django_db_blocker.unblock(), override_settings(MEDIA_ROOT=tmp_path_factory.mktemp("media")):
         workspace = workspace_create(name="Demo answers", slug="demo-answers")
         collection = collection_create(workspace=workspace, name="Northwind handbook")
-        ingest(collection, [(path.name, path.read_bytes()) for path in sorted(DEMO.iterdir())])
+        ingest(collection, [(path.name, path.read_bytes()) for path in english])
         names = dict(Document.objects.filter(collection=collection).values_list("pk", "source_name"))
         yield SimpleNamespace(workspace=workspace, collection=collection, names=names)
         workspace.delete()

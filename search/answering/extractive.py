@@ -1,11 +1,11 @@
 """The answer without a generation model: the sentences of the sources that answer the question.
 
 Used when no generation model serves, so that a fresh install with only the embedded stack still
-answers. The text quotes whole sentences of the sources (``search.abstention.sentence_units``:
+answers. The text quotes whole sentences of the sources (``search.answering.abstention.sentence_units``:
 never a heading, no bullets, a table row with its column names), one a line, each followed by
 its source's ``[n]``, under a line saying that it is extracted, not generated.
 
-Sentences are ranked by ``search.abstention.sentences_score`` (``Against.ranking``), less 0.02
+Sentences are ranked by ``search.answering.abstention.sentences_score`` (``Against.ranking``), less 0.02
 per rank of their source so that ties go to the better chunk. Which are quoted depends on the
 question, not on a count (``max_sentences`` at most):
 
@@ -16,7 +16,7 @@ question, not on a count (``max_sentences`` at most):
   would pass for an answer alone;
 - with either, the next sentence under the same heading when it scores within ``SIBLING_CLOSE``.
 
-When ``search.abstention`` finds that the sources do not answer the question, nothing is quoted:
+When ``search.answering.abstention`` finds that the sources do not answer the question, nothing is quoted:
 the answer says so (``NOT_ANSWERED``) and lists the closest passages by title and ``[n]``.
 docs/answers.md, "Extractive answers and abstention", has the reasons and the figures.
 """
@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from search.abstention import (
-    ABSTAIN_BELOW,
-    ABSTAIN_BELOW_LEXICAL,
+from search import analysis
+from search.answering import wording
+from search.answering.abstention import (
     CLOSEST_LEAD,
     NOT_ANSWERED,
     Against,
     Scored,
+    abstain_below,
     declined_text,
     question_parts,
     relevance_of,
@@ -42,7 +43,7 @@ from search.abstention import (
     sentences_of,
     sentences_score,
 )
-from search.prompting import Source
+from search.answering.prompting import Source
 
 __all__ = [
     "CLOSEST_LEAD",
@@ -69,8 +70,8 @@ SIBLING_CLOSE = 0.05
 # its sentences score lower ("What should I do if I lose my YubiKey" against "Lost or stolen
 # security keys must be reported ...").
 PART_MARGIN = 0.3
-LEAD = "Extracted from the sources (no generation model is configured):"
-NOTHING_FOUND = "The searched collections hold no passage that matches the question."
+LEAD = wording.said("extracted", analysis.ENGLISH, why=wording.NO_MODEL)
+NOTHING_FOUND = wording.said("nothing_found", analysis.ENGLISH)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class ExtractiveAnswer:
     abstained: bool = False
     # The nearest passages, best first: {number, chunk_id, document_id, title, score}.
     closest: list[dict] = field(default_factory=list)
-    relevance: float | None = None  # search.abstention's score of the sources (None: no source)
+    relevance: float | None = None  # search.answering.abstention's score of the sources (None: no source)
 
 
 def extractive_answer(
@@ -98,22 +99,24 @@ def extractive_answer(
     text_search_config: str | None = None,
     max_sentences: int = MAX_SENTENCES,
     lead: str = LEAD,
+    language: str = analysis.ENGLISH,
 ) -> ExtractiveAnswer:
     """The sentences of ``sources`` that answer ``question``, under ``lead``; or, when the
-    sources do not answer it, ``NOT_ANSWERED`` and the closest passages (``abstained``)."""
+    sources do not answer it, ``NOT_ANSWERED`` and the closest passages (``abstained``), said
+    in the question's ``language``."""
     scored = sentences_score(question, sources, embedding_model=embedding_model, text_search_config=text_search_config)
     if not scored.units:
-        return ExtractiveAnswer(text=NOTHING_FOUND, extracts=[], abstained=True)
+        return ExtractiveAnswer(text=wording.said("nothing_found", language), extracts=[], abstained=True)
     relevance = relevance_of(scored)
     if relevance.abstain:
         return ExtractiveAnswer(
-            text=declined_text(relevance.closest),
+            text=declined_text(relevance.closest, language),
             extracts=[],
             abstained=True,
             closest=relevance.closest,
             relevance=relevance.score,
         )
-    threshold = ABSTAIN_BELOW_LEXICAL if relevance.lexical_only else ABSTAIN_BELOW
+    threshold = abstain_below(scored.embedding_model, lexical_only=relevance.lexical_only)
     ranks = np.array([unit.number - 1 for unit in scored.units], dtype=np.float64)
     chosen = _choose(scored, ranks, threshold, max(max_sentences, 1))
     scores = scored.whole.ranking - RANK_PENALTY * ranks

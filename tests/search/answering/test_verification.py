@@ -1,4 +1,4 @@
-"""Verified citations (``search.verification``): each sentence of an answer checked against its passages.
+"""Verified citations (``search.answering.verification``): each sentence of an answer checked against its passages.
 
 Real all-MiniLM-L6-v2 embedder and real PostgreSQL (the lexemes of ``search_english``). The
 passages are sections of the demo corpus, titled as a prompt gives them, taken from the
@@ -16,14 +16,15 @@ import numpy as np
 import pytest
 from django.core.cache import cache
 
-from search import embedders, verification
+from search import embedders
+from search.answering import verification
+from search.answering.verification import answer_verify, support_table
 from search.embedders import DEFAULT_EMBEDDER, EmbedderError, embedder_get
-from search.verification import answer_verify, support_table
 
 pytestmark = pytest.mark.django_db
 
 CONFIG = "search_english"
-LABELLED = Path(__file__).resolve().parent.parent / "data" / "verification_claims.jsonl"
+LABELLED = Path(__file__).resolve().parents[2] / "data" / "verification_claims.jsonl"
 ROWS = [json.loads(line) for line in LABELLED.read_text(encoding="utf-8").splitlines()]
 SECTIONS = {row["id"]: f"{row['title']}\n{row['text']}" for row in ROWS if row["kind"] == "passage"}
 

@@ -8,7 +8,7 @@ rewrite on the generation's stream at most ``settings.FOLLOWUP_REWRITE_TIMEOUT_S
 that fails, comes late, or is no question (empty, too long, several lines, or none of the
 follow-up's words: an answer rather than its question) raises
 ``RewriteFailed`` with the reason, and the answer falls back to the term-based reading
-(``search.conversations.followup_terms``), saying why. A late rewrite still finishes and is
+(``search.answering.conversations.followup_terms``), saying why. A late rewrite still finishes and is
 billed: its generation was sent.
 """
 
@@ -23,9 +23,9 @@ from django.conf import settings
 from billing import ledger
 from inference import router
 from inference.streams import stream_read
-from search import prompting
-from search.abstention import QUESTION_STOP_WORDS
-from search.conversations import Turn, words_of
+from search.answering import prompting
+from search.answering.abstention import QUESTION_STOP_WORDS
+from search.answering.conversations import Turn, words_of
 
 REWRITE_MAX_TOKENS = 64
 ANSWER_CHARS = 400
@@ -95,7 +95,7 @@ def _cleaned(text: str, question: str) -> str:
 
 def followup_rewrite(question: str, history: list[Turn], plan: router.Plan, submit, **common) -> str:
     """The follow-up as a standalone question, written by the plan's model; ``submit`` sends
-    a request as the answer sends its own (``search.answers._submit_admitted``'s signature
+    a request as the answer sends its own (``search.answering.answers._submit_admitted``'s signature
     without the client key), ``common`` its billing fields. Raises ``RewriteFailed``."""
     request_id = str(uuid.uuid4())
     messages = rewrite_messages(question, history)

@@ -7,7 +7,7 @@
 2. asks the router for a route and canary arm (``inference.router.plan``, request id = the
    answer's id), unless the caller brings the plan it made;
 3. retrieves with ``chunk_search`` (hybrid) and builds the prompt within the serving
-   provider's context window (``search.prompting``);
+   provider's context window (``search.answering.prompting``);
 4. stores the ``Answer`` (``generating``, one INSERT with its links to the collections: a
    row and then its update were two round trips before the first token), submits the
    generation (``inference.router.submit``, queue ``gpu`` or ``remote``) with its outcome
@@ -20,12 +20,12 @@ The tokens stream into ``gen:<answer id>`` (``answer_stream_read``). When the ge
 ends, however it ends, its outcome comes back once, in its ledger entry: the ledger's drain
 (queue ``default``) stores the row and calls ``generation_outcome_take``, the consumer this
 module registers for answers, and ``answer_finalize`` checks the text's citations against the
-passages given (``search.verification``: invented markers removed, sentences re-attributed
+passages given (``search.answering.verification``: invented markers removed, sentences re-attributed
 or given their citation, unsupported ones flagged; nothing supported: the answer abstains),
 stores the text, its citations, the generation stats and the timings, marks the answer
 ``done`` or ``failed`` with the reason, and ends the stream with the stored answer
 (``answer`` event, ``ANSWER_END``). Retrieval that does not answer the question abstains
-before any generation (``search.abstention``). docs/answers.md.
+before any generation (``search.answering.abstention``). docs/answers.md.
 
 Without a configured route (``NoRouteConfigured``) the answer is extractive: the best
 sentences of the top chunks, each with its ``[n]``, written to the same stream (deltas,
@@ -34,7 +34,7 @@ does not exist (``RouteNotFound``) or cannot serve now (``RouteUnavailable``) fa
 answer with the reason and propagates, for the API to answer 400 or 503.
 
 When one source alone is larger than the window, the answer is built by map-reduce (see
-``search.prompting``): the map requests are submitted in parallel, their outcomes addressed
+``search.answering.prompting``): the map requests are submitted in parallel, their outcomes addressed
 to ``answer_map_collect``; the last one in submits the reduce request under the answer's own
 id, whose outcome goes to ``answer_finalize`` as usual. A map request that fails fails the
 answer at once, with its reason: an answer from part of its sources would not say so.
@@ -70,13 +70,14 @@ from ragsite.errors import DomainError
 from ragsite.logs import request_received_at
 from ragsite.outages import outage_of
 from ragsite.redis import redis_async_client, redis_client
-from search import abstention, conversations, prompting, rewriting
-from search.embedders import DEFAULT_EMBEDDER
-from search.extractive import extractive_answer
+from search import analysis
+from search.answering import abstention, conversations, prompting, rewriting, wording
+from search.answering.extractive import extractive_answer
+from search.answering.verification import answer_verify
+from search.embedders import DEFAULT_EMBEDDER, embedder_languages
 from search.models import Answer, Chunk, Collection, Conversation, Workspace
 from search.scoping import collections_chosen
 from search.selectors import SearchError, chunk_search
-from search.verification import answer_verify
 
 logger = logging.getLogger(__name__)
 
@@ -228,11 +229,20 @@ def _answer_failed(answer: Answer, reason: str) -> None:
 
 def _scoring(collection: Collection | None) -> dict:
     """The embedding model and text-search language that judge sentences against a question
-    (``search.abstention``, ``search.extractive``, ``search.verification``): the collection's."""
+    (``abstention``, ``extractive``, ``verification``): the collection's."""
     return {
         "embedding_model": collection.embedding_model if collection else None,
         "text_search_config": collection.text_search_config if collection else None,
     }
+
+
+def _scoring_collection(collections: list[Collection] | None, language: str) -> Collection | None:
+    """The collection whose embedding model judges sentences of a question in ``language``:
+    the first whose model reads that language (a Japanese question beside an English-only
+    model's collection is judged by the multilingual one's), else the first."""
+    if not collections:
+        return None
+    return next((c for c in collections if language in embedder_languages(c.embedding_model)), collections[0])
 
 
 def _reason(exc: Exception) -> str:
@@ -254,9 +264,14 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
                 route_name=route_name, client_id=answer.client_id, request_id=str(answer.id), speculative=speculative
             )
         except PoolWarming:
-            why_extractive = "the generation model is still starting"
+            why_extractive = wording.MODEL_STARTING
         except NoRouteConfigured:
-            why_extractive = "no generation model is configured"
+            why_extractive = wording.NO_MODEL
+    language = analysis.language_of(answer.question)
+    if plan is not None and not plan.route.answers_in(language):
+        # The route's model does not write this language: the sources' own sentences answer.
+        why_extractive = wording.LANGUAGE_NOT_SPOKEN.format(language=wording.LANGUAGE_NAMES.get(language, language))
+        plan = None
     answer.plan = plan  # for this call only: the caller reports what serves it
     client_key = getattr(answer, "client_key", None)
     if plan is None and client_key is not None:
@@ -285,7 +300,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         sources = []  # a workspace without collections: nothing to retrieve, no statement sent
     answer.timings["retrieve_ms"] = _ms_since(retrieve_started)
 
-    first = collections[0] if collections else None
+    first = _scoring_collection(collections, language)
     if plan is None:
         return _answer_extractive(answer, sources, first, started, why=why_extractive)
     # Sources that do not answer the question are not given to a model, which would answer
@@ -360,7 +375,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
 
 def _followup_read(answer, collections, plan, client_key, temperature) -> conversations.FollowupReading:
     """How a follow-up is retrieved for: rewritten by the plan's model when there is one
-    (``search.rewriting``), else, or when the rewrite fails or is late, the term-based
+    (``search.answering.rewriting``), else, or when the rewrite fails or is late, the term-based
     reading, which then says why the rewrite was not used."""
     fallback, rewrite_ms = "", None
     if plan is not None and settings.FOLLOWUP_REWRITE:
@@ -424,15 +439,17 @@ def _submit_admitted(client_key, plan: router.Plan, request, **submit) -> None:
 
 
 def _answer_extractive(answer: Answer, sources, collection: Collection | None, started: float, *, why: str) -> Answer:
-    """The searched collections share one embedding model and one text-search language
-    (``chunk_search`` refuses them otherwise): the first one's serve for all. ``why``: why
-    no model generates it, said in its first line."""
+    """The answer from the sources' own sentences, scored with ``collection``'s embedding
+    model and text-search configuration (``_scoring_collection``). ``why``: why no model
+    generates it, said in its first line, in the question's language."""
     extract_started = time.perf_counter()
+    language = analysis.language_of(answer.question)
     extractive = extractive_answer(
         answer.retrieval_query or answer.question,
         sources,
         **_scoring(collection),
-        lead=f"Extracted from the sources ({why}):",  # its first line says why no model wrote it
+        lead=wording.said("extracted", language, why=wording.why_said(why, language)),
+        language=language,
     )
     answer.timings["prompt_ms"] = _ms_since(extract_started)
     if extractive.abstained:
@@ -472,7 +489,7 @@ def _answer_abstained(answer: Answer, sources, closest: list[dict], started: flo
     """The sources do not answer the question: one plain sentence and the closest passages,
     stored ``done`` and ``abstained`` without any generation."""
     by_number = {source.number: source for source in sources}
-    text = text or abstention.declined_text(closest)
+    text = text or abstention.declined_text(closest, analysis.language_of(answer.question))
     answer.mode, answer.status, answer.abstained = mode, Answer.Status.DONE, True
     answer.sources = [source.as_record() for source in sources]
     answer.text = text
@@ -669,7 +686,7 @@ def _verify(answer: Answer) -> None:
         # document re-ingested): nothing to check against, and no reason to call it unsupported.
         answer.verification = {"skipped": "none of the passages given is stored any more" if numbers else "no sources"}
         return
-    collection = answer.collections.order_by("pk").first()
+    collection = _scoring_collection(list(answer.collections.order_by("pk")), analysis.language_of(answer.question))
     verification = answer_verify(
         answer.text,
         passages,
@@ -688,18 +705,22 @@ def _verify(answer: Answer) -> None:
             {key: record.get(key) for key in ("number", "chunk_id", "document_id", "title", "score")}
             for record in closest
         ]
-        answer.text, answer.abstained, answer.grounded = abstention.declined_text(closest), True, None
+        answer.text, answer.abstained, answer.grounded = (
+            abstention.declined_text(closest, analysis.language_of(answer.question)),
+            True,
+            None,
+        )
         answer.verification["sentences"] = []
         answer.stats["closest"] = closest
 
 
 # The first line of an answer whose model wrote nothing its sources support.
-QUOTED_LEAD = "Quoted from the sources (nothing in the model's answer was supported by them):"
+QUOTED_LEAD = wording.said("quoted", analysis.ENGLISH)
 
 
 def _quoted_instead(answer: Answer, texts: dict[int, str], collection: Collection | None) -> bool:
     """The model's answer says nothing its sources support, though retrieval judged them to
-    answer the question (they passed ``search.abstention`` before it generated): their own
+    answer the question (they passed ``search.answering.abstention`` before it generated): their own
     sentences answer instead, as an extractive answer does, under ``QUOTED_LEAD``. "The sources
     do not answer" would be false here. False when they do not hold an answering sentence."""
     sources = [
@@ -711,7 +732,8 @@ def _quoted_instead(answer: Answer, texts: dict[int, str], collection: Collectio
         answer.retrieval_query or answer.question,
         sources,
         **_scoring(collection),
-        lead=QUOTED_LEAD,
+        lead=wording.said("quoted", analysis.language_of(answer.question)),
+        language=analysis.language_of(answer.question),
     )
     if extractive.abstained or not extractive.extracts:
         return False

@@ -1,17 +1,17 @@
 """Conversations: every answer is a turn of one, a follow-up is retrieved for with the turns
-before it, and the prompt holds those turns within the window (search/conversations.py)."""
+before it, and the prompt holds those turns within the window (search/answering/conversations.py)."""
 
 from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
 
-from search import conversations
-from search.answers import QUOTED_LEAD, AnswerError, answer_create
-from search.conversations import ConversationError, Turn, followup_terms, history_of
-from search.extractive import LEAD
+from search.answering import conversations
+from search.answering.answers import QUOTED_LEAD, AnswerError, answer_create
+from search.answering.conversations import ConversationError, Turn, followup_terms, history_of
+from search.answering.extractive import LEAD
+from search.answering.prompting import PromptBudget, RemoteEstimate, Source, answer_messages, prompt_plan
 from search.models import Answer, Conversation
-from search.prompting import PromptBudget, RemoteEstimate, Source, answer_messages, prompt_plan
 from search.selectors import chunk_search
 from search.services import collection_create, workspace_create
 from tests.search.files import ingest_texts

@@ -45,9 +45,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from search.answering.prompting import CitationMarker, citation_markers
 from search.bm25 import texts_lexemes
 from search.embedders import EmbedderError, embedder_get, passage_embeddings
-from search.prompting import CitationMarker, citation_markers
 
 logger = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ from inference.errors import RouteNotFound, RouteUnavailable
 from inference.models import Provider, Route, UpstreamKey
 from inference.streams import StreamWriter, stream_events
 from ragsite.logs import request_received_var
-from search import answers
-from search.answers import AnswerError, answer_create, answer_fail, answer_stream_read
-from search.extractive import LEAD
+from search.answering import answers
+from search.answering.answers import AnswerError, answer_create, answer_fail, answer_stream_read
+from search.answering.extractive import LEAD
+from search.answering.prompting import RemoteEstimate, Source, answer_messages, prompt_budget_for
 from search.models import Answer, Chunk, Collection, Document, Membership
-from search.prompting import RemoteEstimate, Source, answer_messages, prompt_budget_for
 from search.scoping import CollectionNotFound
 from search.selectors import chunk_search
 from search.services import collection_create, workspace_create
@@ -724,8 +724,8 @@ def test_a_generated_answer_that_nothing_supports_is_answered_with_the_sources_o
 @pytest.mark.django_db(transaction=True)
 def test_a_follow_up_is_generated_with_the_turns_before_it_each_turn_billed_once(workers, db, upstream_server):
     # At the defaults (FOLLOWUP_REWRITE off) a follow-up is read by its terms, even with a route.
-    from search.conversations import text_without_markers
-    from tests.search.test_conversations import FIRST, FOLLOW_UP, TRAVEL
+    from search.answering.conversations import text_without_markers
+    from tests.search.answering.test_conversations import FIRST, FOLLOW_UP, TRAVEL
 
     workspace = workspace_create(name="Travel", slug="travel")
     ingest(collection_create(workspace=workspace, name="Handbook"), TRAVEL)
@@ -766,7 +766,7 @@ def test_a_follow_up_is_generated_with_the_turns_before_it_each_turn_billed_once
 
 def _travel_conversation(upstream_server, client_key=None):
     """A Travel workspace behind the stand-in, and its first question answered."""
-    from tests.search.test_conversations import FIRST, TRAVEL
+    from tests.search.answering.test_conversations import FIRST, TRAVEL
 
     workspace = workspace_create(name="Travel", slug="travel")
     ingest(collection_create(workspace=workspace, name="Handbook"), TRAVEL)
@@ -784,9 +784,9 @@ def test_with_a_route_a_follow_up_is_rewritten_by_its_model_and_the_rewrite_bill
     workers, db, upstream_server, settings
 ):
     settings.FOLLOWUP_REWRITE = True
-    from search.conversations import Turn, text_without_markers
-    from search.rewriting import REWRITE_MAX_TOKENS, rewrite_messages
-    from tests.search.test_conversations import FOLLOW_UP
+    from search.answering.conversations import Turn, text_without_markers
+    from search.answering.rewriting import REWRITE_MAX_TOKENS, rewrite_messages
+    from tests.search.answering.test_conversations import FOLLOW_UP
 
     standalone = "What is the per-diem allowance in Berlin?"
     price = Price.objects.create(
@@ -848,7 +848,7 @@ def test_with_a_route_a_follow_up_is_rewritten_by_its_model_and_the_rewrite_bill
 def test_a_rewrite_that_fails_falls_back_to_the_terms_and_says_why(
     workers, db, upstream_server, settings, step, reason
 ):
-    from tests.search.test_conversations import FIRST, FOLLOW_UP
+    from tests.search.answering.test_conversations import FIRST, FOLLOW_UP
 
     settings.FOLLOWUP_REWRITE, settings.FOLLOWUP_REWRITE_TIMEOUT_S = True, 0.5
     _, api_key, first = _travel_conversation(upstream_server)
@@ -1034,7 +1034,7 @@ async def read_all_of(answer_id):
     from asgiref.sync import sync_to_async
     from django.db import connections
 
-    from search.answers import answer_stream_aread
+    from search.answering.answers import answer_stream_aread
 
     events = [event async for event in answer_stream_aread(answer_id)]
     await sync_to_async(connections.close_all)()  # the reader's thread's connection, as a request's end does
