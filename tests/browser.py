@@ -39,7 +39,8 @@ def unavailable(reason: str) -> None:
 
 
 @contextmanager
-def chromium() -> Iterator:
+def chromium(accept_language: str = "") -> Iterator:
+    """``accept_language``: what the browser asks for ("ja,en"), as a Japanese user's does."""
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
@@ -58,6 +59,9 @@ def chromium() -> Iterator:
     for flag in FLAGS:
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    if accept_language:
+        options.add_argument(f"--lang={accept_language.split(',')[0]}")
+        options.add_experimental_option("prefs", {"intl.accept_languages": accept_language})
     driver = webdriver.Chrome(service=Service(chromedriver), options=options)
     try:
         yield driver

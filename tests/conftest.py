@@ -181,6 +181,15 @@ def browser():
         yield driver
 
 
+@pytest.fixture
+def japanese_browser():
+    """The same, asking for Japanese first (``Accept-Language: ja,en``), as browsers in Tokyo do."""
+    from tests.browser import chromium
+
+    with chromium(accept_language="ja,en") as driver:
+        yield driver
+
+
 # The first test to use a vLLM pool also waits for its server to start (~100 s alone, more on a
 # busy machine), inside pytest-timeout's limit, which covers fixture set-up.
 VLLM_TEST_TIMEOUT_S = 900

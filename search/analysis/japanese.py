@@ -30,6 +30,8 @@ SYMBOL_POS = frozenset({"補助記号", "記号", "空白"})
 QUESTION_TERMS = frozenset(
     "何 何故 いつ 何時 どこ 何処 誰 幾ら 幾つ 如何 どう どの どれ どんな".split()
     + "教える 下さる 為る 有る 居る 成る 言う 知る 分かる 出来る".split()
+    # "The latest" is answered by a document's date (search.selectors), not by its words.
+    + "最新 直近 最近".split()
 )
 # Text goes to MeCab in pieces of at most this many characters: its lattice grows with the
 # input, and a document of 100 KB without a line break must not hold it all at once.

@@ -34,7 +34,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from django.core.cache import cache
@@ -690,11 +690,17 @@ def sentences_score(
     against the question and, for a question in parts, against each part."""
     units: list[Unit] = []
     seen: set[str] = set()
+    # A Japanese document's title is context for every sentence in it: reports, rules and
+    # minutes name what they are about there (「売上報告（2026年度第2四半期）」) and their
+    # sentences do not ("第2四半期の売上高は…"). English keeps its calibration without it.
+    titled = analysis.language_of(question) == analysis.JAPANESE
     for source in sources:
         for unit in sentence_units(source.text, source.number):
             key = " ".join(unit.sentence.lower().split())
             if key not in seen:
                 seen.add(key)
+                if titled and source.title and source.title not in unit.context:
+                    unit = replace(unit, context=f"{source.title} {unit.context}".strip())
                 units.append(unit)
     scored = Scored(
         units=units,

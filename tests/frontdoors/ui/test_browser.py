@@ -167,3 +167,89 @@ def test_log_in_upload_search_ask_and_open_a_citation(browser, start_web, start_
         # The whole walk ran under the content security policy (ragsite/settings.py) with no
         # violation and no script error.
         assert console_errors(browser) == []
+
+
+REPORTS = {
+    f"売上報告_{quarter}.md": (
+        f"---\ndate: {date}\n---\n# 売上報告（{quarter}）\n\n## 概要\n\n{quarter}の売上高は{amount}となりました。\n"
+    )
+    for quarter, date, amount in [
+        ("2025年度第4四半期", "2026-04-16", "11億3,600万円"),
+        ("2026年度第1四半期", "2026-07-15", "7億9,800万円"),
+        ("2026年度第2四半期", "2026-10-15", "12億7,500万円"),
+    ]
+}
+
+
+def test_in_japanese_upload_shift_jis_search_and_ask_for_the_latest_report(
+    japanese_browser, start_web, start_worker, settings, tmp_path
+):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as shown
+    from selenium.webdriver.support.ui import Select
+
+    browser = japanese_browser
+    workspace = workspace_create(name="東京本社", slug="tokyo")
+    ingest(collection_create(workspace=workspace, name="売上報告"), REPORTS)
+    collection_create(workspace=workspace, name="社内規程")
+    member("hanako", workspace)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    upload = tmp_path / "経費精算規程.txt"
+    upload.write_bytes(
+        "経費精算規程\n\n国内出張の日当は1日あたり3,000円です。領収書の原本を添付してください。\n".encode("cp932")
+    )
+    shared_media = {"MEDIA_ROOT": str(settings.MEDIA_ROOT)}
+
+    def language() -> str:
+        return browser.find_element(By.TAG_NAME, "html").get_attribute("lang")
+
+    with start_worker(["ingest", "default"], env=shared_media), start_web(env=shared_media) as base_url:
+        browser.get(f"{base_url}/documents/")
+        assert language() == "ja"
+        assert browser.find_element(By.CSS_SELECTOR, "h1").text == "ログイン"
+        browser.find_element(By.ID, "id_username").send_keys("hanako")
+        browser.find_element(By.ID, "id_password").send_keys(PASSWORD, Keys.ENTER)
+        wait_until(browser, shown.text_to_be_present_in_element((By.TAG_NAME, "h1"), "東京本社 の文書"))
+
+        # A Shift_JIS file with a Japanese name: decoded, indexed, listed under its own name.
+        Select(browser.find_element(By.ID, "id_collection")).select_by_visible_text("社内規程")
+        browser.find_element(By.ID, "id_files").send_keys(str(upload))
+        browser.find_element(By.CSS_SELECTOR, ".upload-form button[type='submit']").click()
+        wait_until(browser, shown.text_to_be_present_in_element((By.ID, "upload-report"), "経費精算規程.txt"))
+        wait_until(
+            browser,
+            lambda _: len(browser.find_elements(By.CSS_SELECTOR, "#document-list tr[data-status='indexed']")) == 4,
+            timeout=60,
+            message="the Shift_JIS upload was not indexed",
+        )
+        assert "経費精算規程.txt" in browser.find_element(By.ID, "document-list").text
+
+        # Search: the uploaded file found by a Japanese word, the word marked.
+        browser.find_element(By.LINK_TEXT, "検索").click()
+        browser.find_element(By.ID, "id_q").send_keys("日当", Keys.ENTER)
+        hit = wait_until(browser, shown.presence_of_element_located((By.CSS_SELECTOR, ".hit")))
+        assert [mark.text for mark in hit.find_elements(By.TAG_NAME, "mark")] == ["日当"]
+
+        # Ask for the latest report: answered from it (no model: quoted, saying so in Japanese).
+        query = browser.find_element(By.ID, "id_q")
+        query.clear()
+        query.send_keys("最新の売上報告を教えてください")
+        browser.find_element(By.XPATH, "//button[normalize-space()='質問する']").click()
+        answer = wait_until(browser, shown.presence_of_element_located((By.CSS_SELECTOR, ".answer[data-state='done']")))
+        text = answer.find_element(By.CSS_SELECTOR, "[data-answer-text]").text
+        assert text.startswith("資料から抜粋しました（生成モデルが設定されていません）：")
+        assert "12億7,500万円" in text and "7億9,800万円" not in text
+        latest = Chunk.objects.get(document__source_name="売上報告_2026年度第2四半期.md")
+        cited = answer.find_element(By.CSS_SELECTOR, "a.cite").get_attribute("href")
+        assert cited.endswith(f"/passages/{latest.pk}/")
+        browser.save_screenshot(str(ARTIFACTS / "search-japanese.png"))
+
+        # The switch to English is kept after a reload (and for the account).
+        Select(browser.find_element(By.ID, "language-select")).select_by_value("en")
+        browser.find_element(By.CSS_SELECTOR, ".language-switcher button").click()
+        wait_until(browser, lambda _: language() == "en")
+        browser.refresh()
+        assert language() == "en"
+        assert browser.find_element(By.XPATH, "//nav/a[1]").text == "Search"
+        assert console_errors(browser) == []
