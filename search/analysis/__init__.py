@@ -60,7 +60,7 @@ def words(text: str) -> list[str]:
     analysis (symbols left out), any other's runs of word characters."""
     if language_of(text) != JAPANESE:
         return _LATIN_WORD.findall(text)
-    return [token.surface for token in japanese.tokens(text) if not token.symbol]
+    return [token.surface for token in japanese.tokens(text) if not token.symbol and not token.compound]
 
 
 # A question that asks for the newest of several documents of one kind: 「最新の売上報告」,

@@ -26,8 +26,8 @@ def snippet_html(text: str, terms: list[str]) -> str:
     parts = [ELLIPSIS] if start > 0 else []
     position = start
     for token in matched:
-        if token.start < start or token.end > end:
-            continue
+        if token.start < start or token.end > end or token.start < position:
+            continue  # outside the window, or inside a compound already marked
         parts.append(_escaped(text[position : token.start]))
         parts.append(f"<mark>{_escaped(text[token.start : token.end])}</mark>")
         position = token.end

@@ -38,8 +38,9 @@ QUESTION_TERMS = frozenset(
 PIECE_CHARS = 2000
 # Where a piece prefers to end: after a sentence end or a line break, else after a space.
 _PIECE_END = re.compile(r"[。！？!?\n]|\s")
-# UniDic writes a loanword's lemma with its source word: コンピューター-computer.
-_LEMMA_GLOSS = re.compile(r"-[\x21-\x7e]+$")
+# UniDic writes a loanword's lemma with its source word (コンピューター-computer) and tells
+# homographs apart after a hyphen (円-助数詞): the word is what comes before.
+_LEMMA_GLOSS = re.compile(r"(?<=.)-[^-]+$")
 
 _local = threading.local()
 
@@ -55,6 +56,9 @@ class Token:
     term: str | None
     # Punctuation, brackets, symbols and spaces: not words at all.
     symbol: bool = False
+    # A number with its counter (第1四半期 -> "1四半期", 7億9,800万円 -> "798000000円"), over the
+    # words it joins: an extra term, not another word.
+    compound: bool = False
 
 
 def _tagger():
@@ -94,12 +98,15 @@ def _term(word) -> str | None:
 
 
 def tokens(text: str) -> list[Token]:
-    """Every word of ``text`` with its offsets in ``text``, in order."""
+    """Every word of ``text`` with its offsets in ``text``, in order; after a number and its
+    counter, their compound (``Token.compound``)."""
     normalised = nfkc_mapped(text)
     tagger = _tagger()
     found: list[Token] = []
     for offset, piece in _pieces(normalised.text):
         position = offset
+        words: list[tuple[str, str, str, str]] = []
+        read: list[Token] = []  # the words' tokens, as ``words``: compounds are not words
         for word in tagger(piece):
             surface = word.surface
             at = normalised.text.find(surface, position, offset + len(piece))
@@ -107,8 +114,68 @@ def tokens(text: str) -> list[Token]:
                 continue
             position = at + len(surface)
             start, end = normalised.span(at, position)
-            found.append(Token(start, end, text[start:end], _term(word), symbol=word.feature.pos1 in SYMBOL_POS))
+            feature = word.feature
+            words.append((surface, feature.pos1, feature.pos2, feature.pos3))
+            read.append(Token(start, end, text[start:end], _term(word), symbol=feature.pos1 in SYMBOL_POS))
+            found.append(read[-1])
+            compound = _number_compound(words, read)
+            if compound is not None:
+                found.append(compound)
     return found
+
+
+_MULTIPLIERS = {"万": 10**4, "億": 10**8, "兆": 10**12}
+
+
+def _number_compound(words: list[tuple[str, str, str, str]], read: list[Token]) -> Token | None:
+    """The compound of a number and the counter just read (``words[-1]``), when it ends one.
+
+    Questions name quarters, years, amounts and durations (2026年度第1四半期, 4時間以内); MeCab
+    reads the digits apart (and BM25 drops a single digit), so "第1四半期" matched every
+    quarter's report alike. The number is written plainly (7億9,800万 -> 798000000)."""
+    _, pos1, pos2, pos3 = words[-1]
+    if pos1 != "名詞" or pos2 == "数詞":
+        return None
+    # The counter is one word (円, 時間, 年度), or two whose second may count (四半 + 期).
+    counter_words = 1
+    if len(words) >= 3 and words[-2][1] == "名詞" and words[-2][2] != "数詞" and pos3 == "助数詞可能":
+        counter_words = 2
+    end = len(words) - counter_words
+    begin = end
+    while begin > 0 and (words[begin - 1][2] == "数詞" or (words[begin - 1][0] in ",." and begin > 1)):
+        begin -= 1
+    parts = [word[0] for word in words[begin:end]]
+    if not parts or words[begin][2] != "数詞" or words[end - 1][2] != "数詞":
+        return None
+    value = _number_value(parts)
+    if value is None:
+        return None
+    joined = read[begin:]
+    counter = "".join(word[0] for word in words[end:])
+    return Token(joined[0].start, joined[-1].end, "", f"{value}{counter}".lower(), compound=True)
+
+
+def _number_value(parts: list[str]) -> str | None:
+    """Digits, commas, a decimal point and 万/億/兆 as one number, written plainly; None for a
+    number in kanji (三), left as MeCab reads it."""
+    total, current = 0, ""
+    for part in parts:
+        if part in _MULTIPLIERS:
+            if not current:
+                return None
+            total += int(float(current) * _MULTIPLIERS[part])
+            current = ""
+        elif part == ",":
+            continue
+        elif part == "." or part.isdigit():
+            current += part
+        else:
+            return None
+    if current.endswith(".") or current.count(".") > 1:
+        return None
+    if not total:
+        return current or None
+    return str(total + (int(float(current)) if current else 0))
 
 
 def terms(text: str) -> list[str]:

@@ -723,8 +723,9 @@ def sentences_score(
         [*(_question_content(q) for q in questions), *(unit.sentence for unit in units), *extras], text_search_config
     )
     question_lexemes, lexemes = lexemes[: len(questions)], lexemes[len(questions) :]
-    # Japanese question words (いくら, 教えてください) say what kind of answer is wanted.
-    question_lexemes = [set(terms) - QUESTION_TERMS for terms in question_lexemes]
+    # Japanese question words (いくら, 教えてください) say what kind of answer is wanted; the
+    # pieces of a number's compound (2026年度: 年度) are said by the compound itself.
+    question_lexemes = [_without_compound_parts(set(terms) - QUESTION_TERMS) for terms in question_lexemes]
     by_text = dict(zip(extras, lexemes[len(units) :], strict=True))
     scored.lexemes = [frozenset(held) for held in lexemes[: len(units)]]
     scored.context_lexemes = [frozenset(by_text.get(unit.context, ())) for unit in units]
@@ -796,6 +797,16 @@ def _passage_vectors(embedding_model: str, sources: Sequence[Source], units: lis
     return _normalised(np.stack(vectors))
 
 
+# A number and its counter as one term (search.analysis.japanese: "2026年度", "3四半期").
+_COMPOUND = re.compile(r"^[0-9][0-9.]*[^0-9.]+$")
+COMPOUND_PENALTY = 0.3
+
+
+def _without_compound_parts(terms: set[str]) -> set[str]:
+    compounds = [term for term in terms if _COMPOUND.match(term)]
+    return {term for term in terms if not any(term != c and term in c for c in compounds)}
+
+
 def _term_weights(scored: Scored, terms: frozenset[str], numbers: int) -> dict[str, float]:
     """How informative each question term is among these sources: a term that most of their
     sentences hold ("call" in an on-call handbook) tells them apart less than a rare one."""
@@ -833,6 +844,14 @@ def _against(scored: Scored, question: str, terms: frozenset[str]) -> Against:
         weighted.append(share / total_weight)
         fits.append(holds_kind(kind, unit.sentence))
     penalty = np.where(np.array(fits, dtype=bool), 0.0, ANSWER_KIND_PENALTY)
+    # A number the question names with its counter (2026年度, 第3四半期, 30日) that neither the
+    # sentence nor what stands above it holds: the sentence is about another year or quarter.
+    compounds = {term for term in terms if _COMPOUND.match(term)}
+    if compounds:
+        missing = [
+            bool(compounds - (own | around)) for own, around in zip(scored.lexemes, scored.context_lexemes, strict=True)
+        ]
+        penalty = penalty + np.where(np.array(missing, dtype=bool), COMPOUND_PENALTY, 0.0)
     dense = passage = None
     if scored.vectors is not None and scored.embedding_model:
         try:

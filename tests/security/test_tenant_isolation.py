@@ -18,6 +18,7 @@ removing what the request itself sent.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -69,8 +70,10 @@ class Caller:
         self.calls += 1
         content = b"".join(response.streaming_content) if response.streaming else response.content
         text = content.decode(errors="replace")
-        if sent:  # what was sent, and a truncated echo of it (up to the next tag or quote)
-            text = re.sub(re.escape(sent[:20]) + r"[^<\"]*", "", text)
+        # What was sent, and a truncated echo of it (up to the next tag or quote), as written or
+        # in a URL (the language switcher's "next" is the page's own address, query included).
+        for echo in (sent, urllib.parse.quote_plus(sent)) if sent else ():
+            text = re.sub(re.escape(echo[:20]) + r"[^<\"]*", "", text)
         shown = [marker for marker in B_MARKERS if marker in text.lower()]
         assert not shown, f"{method} {path} ({response.status_code}) shows B's {shown}: {text[:2000]}"
         response.text = text
@@ -428,6 +431,7 @@ ROUTES: dict[str, Probe] = {
     "api/v1/documents": api_documents,
     "api/v1/documents/<int:document_id>": api_not_found("GET", "DELETE"),
     "api/v1/documents/<int:document_id>/retry": api_not_found("POST"),
+    "api/v1/documents/<int:document_id>/file": api_not_found("GET"),
     "api/v1/search": api_search,
     "api/v1/answers": api_answers,
     "api/v1/answers/<uuid:answer_id>": api_not_found("GET"),

@@ -109,3 +109,24 @@ def test_snippet_marks_the_query_words_in_the_text_as_written():
     )
     # Markup in a passage is escaped, never interpreted.
     assert snippet_html("<b>東京</b>", ["トウキョウ"]) == "&lt;b&gt;<mark>東京</mark>&lt;/b&gt;"
+
+
+def test_numbers_with_their_counters_are_terms_of_their_own():
+    assert japanese.terms("2026年度第１四半期の売上高は7億9,800万円") == [
+        "2026", "年度", "2026年度", "第", "1", "四半", "1四半", "期", "1四半期",
+        "売り上げ", "高", "7", "億", "9", "800", "万", "円", "798000000円",
+    ]  # fmt: skip
+    assert japanese.terms("日当は3,000円、4時間以内") == [
+        "日当",
+        "3",
+        "000",
+        "円",
+        "3000円",
+        "4",
+        "時間",
+        "4時間",
+        "以内",
+    ]
+    # A compound is a term, not a word; marked once in a snippet.
+    assert analysis.words("第1四半期") == ["第", "1", "四半", "期"]
+    assert snippet_html("第1四半期の売上", ["1四半期"]) == "第<mark>1四半期</mark>の売上"
