@@ -163,6 +163,8 @@ def beir_collection_ingested(
         with tqdm(total=len(todo), unit="doc", desc="ingest", disable=None) as bar:
             ingest_in_batches(todo, on_documents_done=bar.update)
         collection_bm25_refresh(collection_id=collection.pk)
+    # Its first documents may have chosen its embedder (search/ingest/pipeline.py), and BM25 its length.
+    collection.refresh_from_db()
     for document in Document.objects.filter(collection=collection, status=Document.Status.FAILED)[:20]:
         log(f"failed: {document.source_name}: {document.error}")
     return collection

@@ -134,11 +134,11 @@ def _number_compound(words: list[tuple[str, str, str, str]], read: list[Token]) 
     reads the digits apart (and BM25 drops a single digit), so "第1四半期" matched every
     quarter's report alike. The number is written plainly (7億9,800万 -> 798000000)."""
     _, pos1, pos2, pos3 = words[-1]
-    if pos1 != "名詞" or pos2 == "数詞":
+    if not _counts(pos1, pos2):
         return None
     # The counter is one word (円, 時間, 年度), or two whose second may count (四半 + 期).
     counter_words = 1
-    if len(words) >= 3 and words[-2][1] == "名詞" and words[-2][2] != "数詞" and pos3 == "助数詞可能":
+    if len(words) >= 3 and _counts(words[-2][1], words[-2][2]) and pos3 == "助数詞可能":
         counter_words = 2
     end = len(words) - counter_words
     begin = end
@@ -153,6 +153,12 @@ def _number_compound(words: list[tuple[str, str, str, str]], read: list[Token]) 
     joined = read[begin:]
     counter = "".join(word[0] for word in words[end:])
     return Token(joined[0].start, joined[-1].end, "", f"{value}{counter}".lower(), compound=True)
+
+
+def _counts(pos1: str, pos2: str) -> bool:
+    """Whether a word can be (part of) a number's counter: a noun (年度, 時間, 件) or a noun-like
+    suffix (日, 人), not another number."""
+    return (pos1 == "名詞" and pos2 != "数詞") or (pos1 == "接尾辞" and pos2 == "名詞的")
 
 
 def _number_value(parts: list[str]) -> str | None:

@@ -799,7 +799,6 @@ def _passage_vectors(embedding_model: str, sources: Sequence[Source], units: lis
 
 # A number and its counter as one term (search.analysis.japanese: "2026年度", "3四半期").
 _COMPOUND = re.compile(r"^[0-9][0-9.]*[^0-9.]+$")
-COMPOUND_PENALTY = 0.3
 
 
 def _without_compound_parts(terms: set[str]) -> set[str]:
@@ -844,14 +843,6 @@ def _against(scored: Scored, question: str, terms: frozenset[str]) -> Against:
         weighted.append(share / total_weight)
         fits.append(holds_kind(kind, unit.sentence))
     penalty = np.where(np.array(fits, dtype=bool), 0.0, ANSWER_KIND_PENALTY)
-    # A number the question names with its counter (2026年度, 第3四半期, 30日) that neither the
-    # sentence nor what stands above it holds: the sentence is about another year or quarter.
-    compounds = {term for term in terms if _COMPOUND.match(term)}
-    if compounds:
-        missing = [
-            bool(compounds - (own | around)) for own, around in zip(scored.lexemes, scored.context_lexemes, strict=True)
-        ]
-        penalty = penalty + np.where(np.array(missing, dtype=bool), COMPOUND_PENALTY, 0.0)
     dense = passage = None
     if scored.vectors is not None and scored.embedding_model:
         try:

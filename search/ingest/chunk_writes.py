@@ -200,8 +200,6 @@ def chunks_insert(
     Runs inside the caller's transaction; updates no statistics. Returns the average
     chunk length the BM25 weights were computed with.
     """
-    if analyses is None:
-        analyses = chunks_analysed(collection, [chunk for _, chunk, _ in rows])
     # One staging table per connection, emptied at every commit; emptied here too, for
     # callers that write several times in one outer transaction (tests).
     cursor.execute(
@@ -222,7 +220,7 @@ def chunks_insert(
         ) as copy,
     ):
         copy.set_types(["int8", "int4", "text", "int4", "int4", "int4", "vector", "text", "text"])
-        for (document_id, chunk, vector), (config, lexemes) in zip(rows, analyses, strict=True):
+        for (document_id, chunk, vector), (config, lexemes) in _with_analyses(collection, rows, analyses):
             copy.write_row(
                 (
                     document_id,
@@ -258,6 +256,15 @@ def chunks_insert(
         },
     )
     return avgdl
+
+
+def _with_analyses(collection: Collection, rows, analyses):
+    """Each row with its analysis: given, or made as the rows come (``rows`` may be a generator)."""
+    if analyses is not None:
+        yield from zip(rows, analyses, strict=True)
+        return
+    for row in rows:
+        yield row, chunks_analysed(collection, [row[1]])[0]
 
 
 def chunks_remove(document_id: int, collection: Collection) -> None:

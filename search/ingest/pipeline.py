@@ -27,6 +27,7 @@ from search.ingest.chunking import TextChunk, chunk_text
 from search.ingest.parsers import ParsedDocument, ParseError, parse_document
 from search.ingest.status import IngestError, document_fail, progress_set, status_set
 from search.models import Collection, Document
+from search.vector_indexes import vector_index_ensure
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ def collection_embedder_settle(collection: Collection, text: str) -> None:
     ):
         return
     embedder = embedder_get(settings.EMBEDDING_MODEL_JAPANESE)
+    vector_index_ensure(embedder.dimensions)  # an API model's dimensions may have no index yet
     Collection.objects.filter(
         pk=collection.pk, chunk_count=0, embedding_model=DEFAULT_EMBEDDER, chunks__isnull=True
     ).update(embedding_model=embedder.name, embedding_dimensions=embedder.dimensions)

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from search.embedders import DEFAULT_EMBEDDER, MULTILINGUAL_EMBEDDER
+from search.analysis import analysed
+from search.embedders import DEFAULT_EMBEDDER, MULTILINGUAL_EMBEDDER, embedder_get
+from search.ingest.parsers import parse_document
+from search.ingest.pipeline import document_chunks
 from search.models import Chunk, Collection, Document
-from search.selectors import chunk_search
+from search.selectors import SearchError, chunk_search
 from search.services import collection_create
 from tests.search.files import ingest_texts
 
@@ -40,7 +43,7 @@ def test_each_chunk_is_analysed_in_its_own_language(mixed):
     rows = {c.document.source_name: (c.ts_config, c.lexemes) for c in Chunk.objects.select_related("document")}
     assert rows["経費精算規程.md"] == (
         "search_japanese",
-        "経費 精算 支出 日 30 日 以内 申請 為る 領収 書 原本 添付 為る 事",
+        "経費 精算 支出 日 30 日 30日 以内 申請 為る 領収 書 原本 添付 為る 事",
     )
     assert rows["security.md"] == ("search_english", None)
     # The collection read Japanese first, so it is embedded by the multilingual model.
@@ -138,3 +141,28 @@ def test_a_question_for_the_latest_puts_the_newest_document_first(workspace):
     assert latest[0][0] == "売上報告（2026年度第2四半期）"
     # Without "latest" the words decide, not the date.
     assert ranked("2025年度第4四半期の売上高")[0][0] == "売上報告（2025年度第4四半期）"
+
+
+def test_a_hundred_kilobytes_of_japanese_without_a_break_is_chunked_within_the_window():
+    """Chunked as ingestion chunks it, in multilingual-e5-small's own tokens (the embedding is
+    the only step left out: two minutes of a test run), and analysed whole for BM25."""
+    text = "東京都特許許可局" * 4_200  # 100,800 bytes: no punctuation, no line break, no space
+    embedder = embedder_get(MULTILINGUAL_EMBEDDER)
+    chunks = document_chunks(parse_document(text.encode(), media_type="text/plain"), embedder)
+    assert len(chunks) > 10
+    assert chunks[0].start == 0 and chunks[-1].end == len(text)
+    for chunk in chunks:
+        assert chunk.text == text[chunk.start : chunk.end]
+        # The model's own count of the chunk, "passage: " and its two special tokens included.
+        assert embedder._load().token_count(chunk.text) <= 512
+    assert all(config == "search_japanese" and terms for config, terms in chunks_analysed_of(chunks))
+
+
+def chunks_analysed_of(chunks):
+    return [analysed(chunk.text, language="auto", config="search_english") for chunk in chunks]
+
+
+@pytest.mark.parametrize("query", ["", "　　", " \u3000 "])
+def test_an_empty_japanese_query_is_refused_naming_the_problem(mixed, query):
+    with pytest.raises(SearchError, match="the query is empty"):
+        chunk_search(query=query, workspace=mixed.workspace)
