@@ -24,6 +24,7 @@ CONTENT_POS = frozenset({"名詞", "動詞", "形容詞", "副詞", "形状詞",
 # reader to do something. Lucene's wider list (する, ある, こと...) cost 0.002-0.003 nDCG@10 on
 # JSQuAD: BM25's IDF already weighs those down.
 STOP_LEMMAS = frozenset("下さる 頂く 致す 御座る 呉れる 貰う".split())
+AFFIX_POS = frozenset({"接頭辞", "接尾辞"})
 SYMBOL_POS = frozenset({"補助記号", "記号", "空白"})
 # What a question says about the answer it wants rather than what it is about (lemmas): left
 # out of a question's terms when its sentences are compared with the sources'.
@@ -59,6 +60,8 @@ class Token:
     # A number with its counter (第1四半期 -> "1四半期", 7億9,800万円 -> "798000000円"), over the
     # words it joins: an extra term, not another word.
     compound: bool = False
+    # A prefix or suffix (第, 高 of 売上高): part of a word, telling little of a question's topic.
+    affix: bool = False
 
 
 def _tagger():
@@ -116,7 +119,16 @@ def tokens(text: str) -> list[Token]:
             start, end = normalised.span(at, position)
             feature = word.feature
             words.append((surface, feature.pos1, feature.pos2, feature.pos3))
-            read.append(Token(start, end, text[start:end], _term(word), symbol=feature.pos1 in SYMBOL_POS))
+            read.append(
+                Token(
+                    start,
+                    end,
+                    text[start:end],
+                    _term(word),
+                    symbol=feature.pos1 in SYMBOL_POS,
+                    affix=feature.pos1 in AFFIX_POS,
+                )
+            )
             found.append(read[-1])
             compound = _number_compound(words, read)
             if compound is not None:
@@ -182,6 +194,11 @@ def _number_value(parts: list[str]) -> str | None:
     if not total:
         return current or None
     return str(total + (int(float(current)) if current else 0))
+
+
+def affixes(text: str) -> set[str]:
+    """The terms of ``text`` that are prefixes or suffixes of its words (第, 高)."""
+    return {token.term for token in tokens(text) if token.affix and token.term}
 
 
 def terms(text: str) -> list[str]:

@@ -41,7 +41,7 @@ from django.core.cache import cache
 from django.db import DatabaseError
 
 from search import analysis
-from search.analysis.japanese import QUESTION_TERMS
+from search.analysis.japanese import QUESTION_TERMS, affixes
 from search.analysis.sentences import sentence_spans
 from search.answering import wording
 from search.answering.prompting import Source
@@ -69,7 +69,7 @@ ABSTAIN_BELOW = 0.76
 # The same line for a collection embedded by another model: cosines are on each model's own
 # scale (multilingual-e5-small's of related texts sit near 0.85, all-MiniLM-L6-v2's near 0.5).
 # Calibrated on the Japanese demo QA set (docs/answers.md, "Japanese").
-ABSTAIN_BELOW_BY_MODEL = {"multilingual-e5-small": 1.09}
+ABSTAIN_BELOW_BY_MODEL = {"multilingual-e5-small": 1.08}
 ABSTAIN_BELOW_LEXICAL = 0.45  # coverage alone, when the embedder cannot run
 CLOSEST = 3
 # Only in choosing which sentence to quote (``Against.ranking``), not in deciding to abstain.
@@ -725,7 +725,13 @@ def sentences_score(
     question_lexemes, lexemes = lexemes[: len(questions)], lexemes[len(questions) :]
     # Japanese question words (いくら, 教えてください) say what kind of answer is wanted; the
     # pieces of a number's compound (2026年度: 年度) are said by the compound itself.
-    question_lexemes = [_without_compound_parts(set(terms) - QUESTION_TERMS) for terms in question_lexemes]
+    # Prefixes and suffixes (第, 高) are held by every sentence of a kind and say nothing of the topic.
+    question_lexemes = [
+        _without_compound_parts(
+            set(terms) - QUESTION_TERMS - (affixes(q) if analysis.language_of(q) == analysis.JAPANESE else set())
+        )
+        for q, terms in zip(questions, question_lexemes, strict=True)
+    ]
     by_text = dict(zip(extras, lexemes[len(units) :], strict=True))
     scored.lexemes = [frozenset(held) for held in lexemes[: len(units)]]
     scored.context_lexemes = [frozenset(by_text.get(unit.context, ())) for unit in units]
@@ -799,6 +805,28 @@ def _passage_vectors(embedding_model: str, sources: Sequence[Source], units: lis
 
 # A number and its counter as one term (search.analysis.japanese: "2026年度", "3四半期").
 _COMPOUND = re.compile(r"^[0-9][0-9.]*[^0-9.]+$")
+_COMPOUND_NUMBER = re.compile(r"^[0-9]+(?:\.[0-9]+)?")
+
+
+CONFLICT_PENALTY = 0.3
+
+
+def _counter(compound: str) -> str:
+    return compound.lstrip("0123456789.")
+
+
+def _names_another(question_terms: frozenset[str], context_terms: frozenset[str]) -> bool:
+    """Whether the context names, with a counter the question uses (年度, 四半期), only other
+    numbers than the question's."""
+    asked: dict[str, set[str]] = {}
+    for term in question_terms:
+        if _COMPOUND.match(term):
+            asked.setdefault(_counter(term), set()).add(term)
+    for counter, wanted in asked.items():
+        named = {term for term in context_terms if _COMPOUND.match(term) and _counter(term) == counter}
+        if named and not named & wanted:
+            return True
+    return False
 
 
 def _without_compound_parts(terms: set[str]) -> set[str]:
@@ -827,7 +855,9 @@ def _against(scored: Scored, question: str, terms: frozenset[str]) -> Against:
     cosine of the sentence's whole chunk, which says what a short sentence is about when its
     own words do not ("Lost or stolen security keys ..." in a chunk about YubiKeys).
     """
-    numbers = tuple(numbers_of(question))
+    # A number a compound term already holds (2026年度: 2026) is not counted twice.
+    compounded = {float(_COMPOUND_NUMBER.match(term).group()) for term in terms if _COMPOUND.match(term)}
+    numbers = tuple(number for number in numbers_of(question) if number.value not in compounded)
     kind = answer_kind(question)
     size = max(min(len(terms) + len(numbers), COVERAGE_TERMS), 1)
     weights = _term_weights(scored, terms, len(numbers))
@@ -843,6 +873,11 @@ def _against(scored: Scored, question: str, terms: frozenset[str]) -> Against:
         weighted.append(share / total_weight)
         fits.append(holds_kind(kind, unit.sentence))
     penalty = np.where(np.array(fits, dtype=bool), 0.0, ANSWER_KIND_PENALTY)
+    # What stands above a sentence (its heading, a Japanese document's title) names another
+    # year or quarter than the question ("2026年度第1四半期" asked, "第2四半期 売上報告" above):
+    # the sentence is about that one.
+    conflicts = [_names_another(terms, around) for around in scored.context_lexemes]
+    penalty = penalty + np.where(np.array(conflicts, dtype=bool), CONFLICT_PENALTY, 0.0)
     dense = passage = None
     if scored.vectors is not None and scored.embedding_model:
         try:
