@@ -31,6 +31,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from ragsite.errors import DomainError
+from search import analysis
 from search.answering.prompting import citation_markers
 from search.models import Answer, Collection, Conversation, Workspace
 from search.scoping import in_workspaces
@@ -224,7 +225,10 @@ class FollowupReading:
 
 
 def words_of(text: str) -> list[str]:
-    """The words of a question as follow-ups are read (a hyphenated or elided word is one)."""
+    """The words of a question as follow-ups are read: a Japanese one's as search.analysis
+    splits them, another's by spaces and punctuation (a hyphenated or elided word is one)."""
+    if analysis.language_of(text) == analysis.JAPANESE:
+        return analysis.words(text)
     return _WORD.findall(text)
 
 
@@ -236,15 +240,17 @@ def word_weights(words: list[str], collections: list[Collection]) -> dict[str, t
         return {}
     configs = {collection.text_search_config for collection in collections}
     config = sorted(configs)[0]
+    # Each word as keyword search reads it: a Japanese one's lemma under search_japanese.
+    analysed = [analysis.analysed(word, language=analysis.AUTO, config=config) for word in words]
     with connection.cursor() as cursor:
         cursor.execute(
             """
             WITH words AS (
                 -- A word analysed into several lexemes (a hyphenated one) is read as its longest.
-                SELECT w.word, (SELECT u.lexeme FROM unnest(search_tsvector(%(config)s::regconfig, w.word)) u
+                SELECT w.word, (SELECT u.lexeme FROM unnest(search_tsvector(w.config::regconfig, w.body)) u
                                 WHERE search_bm25_lexeme(u.lexeme)
                                 ORDER BY length(u.lexeme) DESC, u.lexeme LIMIT 1) AS lexeme
-                FROM unnest(%(words)s::text[]) AS w(word)
+                FROM unnest(%(words)s::text[], %(configs)s::text[], %(bodies)s::text[]) AS w(word, config, body)
             ), total AS (
                 SELECT coalesce(sum(chunk_count), 0) AS n FROM search_collection WHERE id = ANY(%(collections)s)
             )
@@ -256,7 +262,14 @@ def word_weights(words: list[str], collections: list[Collection]) -> dict[str, t
             ) df ON df.df > 0
             WHERE w.lexeme IS NOT NULL
             """,
-            {"config": config, "words": words, "collections": [collection.pk for collection in collections]},
+            {
+                "words": words,
+                "configs": [config for config, _ in analysed],
+                "bodies": [
+                    terms if terms is not None else word for (_, terms), word in zip(analysed, words, strict=True)
+                ],
+                "collections": [collection.pk for collection in collections],
+            },
         )
         return {word: (lexeme, float(idf)) for word, lexeme, idf in cursor.fetchall()}
 

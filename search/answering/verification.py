@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from search.analysis.sentences import JAPANESE_CLOSERS, JAPANESE_SENTENCE_ENDS
 from search.answering.prompting import CitationMarker, citation_markers
 from search.bm25 import texts_lexemes
 from search.embedders import EmbedderError, embedder_get, passage_embeddings
@@ -122,7 +123,11 @@ CLAIM_ACTIONS = frozenset({"kept", "reattributed", "added", "unsupported"})
 # A sentence ends at . ! ? or an ellipsis, after closing quotes and brackets and any citation
 # markers placed after the full stop ("... in 1889. [2] Then"), before white space.
 _CITATION_RUN = r"(?:\s*\[\s*\d[\d\s,;\-\u2013]*\])*"
-_SENTENCE_END = re.compile(rf"[.!?\u2026]+[\"'\u201d\u2019)]*{_CITATION_RUN}(?:\s+|$)")
+# Japanese ends a sentence at 。！？ with no space after (search.analysis.sentences says which marks).
+_SENTENCE_END = re.compile(
+    rf"[.!?\u2026]+[\"'\u201d\u2019)]*{_CITATION_RUN}(?:\s+|$)"
+    rf"|[{re.escape(JAPANESE_SENTENCE_ENDS)}]+[{re.escape(JAPANESE_CLOSERS)}]*{_CITATION_RUN}\s*"
+)
 _LIST_PREFIX = re.compile(r"[ \t]*(?:[-*+\u2022\u2013]|\d{1,3}[.)]|[a-z][.)])[ \t]+")
 # Words after which a full stop does not end a sentence ("No." and "Nr." only before a number;
 # "etc." and "min." end sentences as often as not, so they are left out).

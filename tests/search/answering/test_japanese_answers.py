@@ -107,3 +107,24 @@ def test_a_japanese_question_is_prompted_in_japanese():
     english = answer_messages("What is the per-diem?", [source])
     assert english[1]["content"].startswith("Sources:\n\n")
     assert english[1]["content"].endswith("Question: What is the per-diem?")
+
+
+def test_a_generated_japanese_answer_is_checked_sentence_by_sentence():
+    from search.answering.verification import _sentence_spans
+
+    text = "日帰り出張の日当は2,000円です。[1]宿泊を伴う出張は3,000円です[1]。申請は30日以内に行います！"
+    assert [text[s.start : s.end] for s in _sentence_spans(text)] == [
+        "日帰り出張の日当は2,000円です。[1]",
+        "宿泊を伴う出張は3,000円です[1]。",
+        "申請は30日以内に行います！",
+    ]
+
+
+def test_a_japanese_follow_up_is_read_by_its_words(corpus):
+    from search.answering.conversations import word_weights, words_of
+
+    _, collection = corpus
+    words = words_of("日当はいくらですか")
+    assert words == ["日当", "は", "いくら", "です", "か"]
+    # Each word as keyword search reads it: 日当's lemma is in the collection, the particles rank nothing.
+    assert set(word_weights(words, [collection])) == {"日当"}
