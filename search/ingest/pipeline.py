@@ -91,10 +91,16 @@ def documents_prepare(*, document_ids: list[int], on_progress=None) -> tuple[dic
 
     status_set([document for document, _, _ in parsed], Document.Status.CHUNKING)
     prepared: list[Prepared] = []
+    # One instance of each collection for the batch: its embedder is settled once, by its first document.
+    collections: dict[int, Collection] = {}
     for document, result, digest in parsed:
         try:
             if document.pk in duplicates:
                 raise IngestError(duplicates[document.pk])
+            if document.collection_id not in collections:
+                collection_embedder_settle(document.collection, result.text)  # an EmbedderError: the next tries
+                collections[document.collection_id] = document.collection
+            document.collection = collections[document.collection_id]
             prepared.append(_prepare(document, result, digest))
         except (IngestError, EmbedderError) as exc:
             document_fail(document, str(exc))
@@ -139,11 +145,12 @@ def document_chunks(parsed: ParsedDocument, embedder: Embedder) -> list[TextChun
 def collection_embedder_settle(collection: Collection, text: str) -> None:
     """A new collection's embedder, chosen by its first document's language: a collection
     that reads Japanese (``auto`` or ``ja``) and holds nothing yet moves from the default,
-    English-only embedder to ``EMBEDDING_MODEL_JAPANESE``. One conditional UPDATE: of two
-    workers preparing a new collection's first documents, the first decides for both."""
+    English-only embedder to ``EMBEDDING_MODEL_JAPANESE``. Called once per collection and batch
+    (``documents_prepare``). One conditional UPDATE: of two workers preparing a new collection's
+    first documents, the first decides for both."""
     if collection.chunk_count:
         return
-    # Another document of this batch (its own instance of the row) may have decided already.
+    # Another worker's batch may have decided already.
     collection.refresh_from_db(fields=["embedding_model", "embedding_dimensions"])
     if (
         collection.embedding_model != DEFAULT_EMBEDDER
@@ -161,7 +168,6 @@ def collection_embedder_settle(collection: Collection, text: str) -> None:
 
 def _prepare(document: Document, parsed: ParsedDocument, text_sha256: str) -> Prepared:
     """Chunk one parsed document with its collection's embedder's tokenizer."""
-    collection_embedder_settle(document.collection, parsed.text)
     embedder = embedder_get(document.collection.embedding_model)
     chunks = document_chunks(parsed, embedder)
     if not chunks:
