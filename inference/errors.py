@@ -12,7 +12,11 @@ class NoRouteConfigured(Exception):
 
 class PoolWarming(NoRouteConfigured):
     """The route's GPU pool is starting (``Provider.warming_since``): the caller answers
-    without generation meanwhile, and says why."""
+    without generation meanwhile, and says why (``route``: the route that would serve)."""
+
+    def __init__(self, message: str, *, route=None):
+        super().__init__(message)
+        self.route = route
 
 
 class RouteNotFound(DomainError, ValueError):

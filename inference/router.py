@@ -155,7 +155,7 @@ def plan(
         arm = canary.arm_of(release, client_id)
     serving = release.canary_route if arm == canary.CANARY else requested
     if serving.provider.warming_since is not None:
-        raise PoolWarming(f"the GPU pool {serving.provider.name} is still starting")
+        raise PoolWarming(f"the GPU pool {serving.provider.name} is still starting", route=serving)
     return Plan(
         request_id=request_id or uuid.uuid4().hex,
         route=serving,

@@ -31,6 +31,8 @@ SYMBOL_POS = frozenset({"補助記号", "記号", "空白"})
 QUESTION_TERMS = frozenset(
     "何 何故 いつ 何時 どこ 何処 誰 幾ら 幾つ 如何 どう どの どれ どんな".split()
     + "教える 下さる 為る 有る 居る 成る 言う 知る 分かる 出来る".split()
+    # The grammar of asking: かもしれません (知れる), しないといけませんか (行く), 良いですか.
+    + "知れる 行く 良い".split()
     # "The latest" is answered by a document's date (search.selectors), not by its words.
     + "最新 直近 最近".split()
 )
@@ -62,6 +64,8 @@ class Token:
     compound: bool = False
     # A prefix or suffix (第, 高 of 売上高): part of a word, telling little of a question's topic.
     affix: bool = False
+    # A person's name (UniDic's 固有名詞-人名: 高橋, 健太).
+    person: bool = False
 
 
 def _tagger():
@@ -127,6 +131,7 @@ def tokens(text: str) -> list[Token]:
                     _term(word),
                     symbol=feature.pos1 in SYMBOL_POS,
                     affix=feature.pos1 in AFFIX_POS,
+                    person=feature.pos2 == "固有名詞" and feature.pos3 == "人名",
                 )
             )
             found.append(read[-1])
@@ -199,6 +204,19 @@ def _number_value(parts: list[str]) -> str | None:
 def affixes(text: str) -> set[str]:
     """The terms of ``text`` that are prefixes or suffixes of its words (第, 高)."""
     return {token.term for token in tokens(text) if token.affix and token.term}
+
+
+# Words that name who does something by their role: 上長, 部門長 (長), 作成者 (者), 担当.
+ROLE_SUFFIXES = frozenset("者 長 員 係 官".split())
+ROLE_NOUNS = frozenset("上長 上司 担当 窓口 社長 部長 課長 係長 室長 役員 本人 管理者 責任者 担当者".split())
+
+
+def names_someone(text: str) -> bool:
+    """Whether ``text`` names a person or a role (高橋 健太, 直属上長, 情報システム担当)."""
+    return any(
+        token.person or (token.affix and token.surface in ROLE_SUFFIXES) or token.surface in ROLE_NOUNS
+        for token in tokens(text)
+    )
 
 
 def terms(text: str) -> list[str]:

@@ -41,7 +41,7 @@ from django.core.cache import cache
 from django.db import DatabaseError
 
 from search import analysis
-from search.analysis.japanese import QUESTION_TERMS, affixes
+from search.analysis.japanese import QUESTION_TERMS, affixes, names_someone
 from search.analysis.sentences import sentence_spans
 from search.answering import wording
 from search.answering.prompting import Source
@@ -74,6 +74,7 @@ ABSTAIN_BELOW_LEXICAL = 0.45  # coverage alone, when the embedder cannot run
 CLOSEST = 3
 # Only in choosing which sentence to quote (``Against.ranking``), not in deciding to abstain.
 PASSAGE_WEIGHT = 0.3
+HEADING_WEIGHT = 0.15
 LABEL_BONUS = 0.1
 SENTENCE_CACHE_SECONDS = 24 * 3600
 
@@ -131,6 +132,9 @@ class Unit:
     number: int  # the source's [n]
     sentence: str
     context: str = ""  # the heading or list lead-in above it, for scoring only
+    # The whole list item when the sentence is one of several in it: a rule's item says one
+    # thing in its sentences together (「領収書を紛失した場合は紛失届を提出する。紛失届は年2回まで」).
+    item: str = ""
 
     @property
     def label(self) -> str:
@@ -179,6 +183,7 @@ class Scored:
     sources: Sequence[Source]
     whole: Against | None = None
     parts: list[Against] = field(default_factory=list)  # for a question in parts, each part
+    title_lexemes: dict[int, frozenset[str]] = field(default_factory=dict)  # per source [n], its title's
 
     @property
     def lexical_only(self) -> bool:
@@ -207,10 +212,40 @@ _PART_SPLIT = re.compile(
 )
 
 
+# Japanese asks a second question after 。 or ？ with no space ("…届け出ればいいですか。再発行には
+# どのくらいかかりますか"), and two things at once with と … それぞれ ("AとBの売上高をそれぞれ").
+_PART_SPLIT_JA = re.compile(r"(?<=[。？！?!])\s*(?=\S)")
+_BOTH_JA = re.compile(
+    r"^(?P<a>[^、。と]+?)と(?P<b>[^、。]+?)の(?P<asked>[^。？?]*?)(?:を|は)?(?:それぞれ|各々|おのおの)(?P<rest>.*)$"
+)
+_QUESTION_END = " ,.?、。？!！"
+# A Japanese sentence that asks: it ends in か or a question mark, or asks for something.
+_ASKS_JA = re.compile(
+    r"(?:か|かな|の)[。？?]?$|[？?]$|何|いつ|どこ|誰|だれ|どなた|いくら|どう|どの|どれ|なぜ|教えて|ください[。]?$"
+)
+
+
 def question_parts(question: str) -> list[str]:
     """The things a question asks, in order ("What is X, and how long is Y?": two); one part
     for a simple question."""
-    parts = [part.strip(" ,.?") for part in _PART_SPLIT.split(question)]
+    if analysis.language_of(question) == analysis.JAPANESE:
+        parts = []
+        for piece in _PART_SPLIT_JA.split(question.strip()):
+            # What comes before a question without asking anything is its circumstance
+            # (「添付ファイルを開いてしまいました。いつまでに報告すればいいですか」): one part with it.
+            if parts and not _ASKS_JA.search(parts[-1]):
+                parts[-1] += piece
+            else:
+                parts.append(piece)
+        parts = [part.strip(_QUESTION_END) for part in parts]
+        if len(parts) == 1 and (both := _BOTH_JA.match(parts[0])):
+            rest = both["rest"]
+            particle = "" if not rest else "は" if re.match("何|いくら|いつ|誰|どの|どれ|どこ", rest) else "を"
+            asked = f"{both['asked']}{particle}{rest}"
+            parts = [f"{both['a']}の{asked}", f"{both['b']}の{asked}"]
+        parts = [part for part in parts if len(analysis.words(part)) >= 2]
+        return parts if len(parts) > 1 else [question]
+    parts = [part.strip(_QUESTION_END) for part in _PART_SPLIT.split(question)]
     parts = [part for part in parts if len(_WORD.findall(part)) >= 2]
     return parts if len(parts) > 1 else [question]
 
@@ -423,6 +458,7 @@ def _continues(previous: str, piece: str) -> bool:
 
 def _units_of(text: str, number: int, context: str, *, split: bool = False) -> list[Unit]:
     sentences = _split_sentences(text) if split else [text]
+    item = " ".join(text.split()) if len(sentences) > 1 else ""
     units = []
     for sentence in sentences:
         sentence = " ".join(sentence.split())
@@ -434,7 +470,7 @@ def _units_of(text: str, number: int, context: str, *, split: bool = False) -> l
         ):
             continue
         for piece in _fit(sentence):
-            units.append(Unit(number=number, sentence=piece, context=context))
+            units.append(Unit(number=number, sentence=piece, context=context, item=item))
     return units
 
 
@@ -527,9 +563,34 @@ def _question_content(question: str) -> str:
 
 
 def numbers_of(text: str) -> list[Number]:
-    text = unicodedata.normalize("NFKC", text)  # full-width digits (１２３) are numbers too
-    found = []
-    for match in _NUMBER_RE.finditer(text):
+    return [number for _, _, number in _numbers_at(unicodedata.normalize("NFKC", text))]
+
+
+# A Japanese amount counts in 万 (10^4), 億 (10^8) and 兆 (10^12): 7億9,800万円 is 798,000,000 yen.
+_AMOUNT_JA = re.compile(rf"(?<![0-9.,])(?P<amount>(?:(?:{_NUMBER})[兆億万])+(?:{_NUMBER})?)(?P<yen>\s?円)?")
+_MAGNITUDES_JA = {"万": 10**4, "億": 10**8, "兆": 10**12}
+
+
+def _amount_value(amount: str) -> float:
+    total, current = 0.0, ""
+    for char in amount:
+        if char in _MAGNITUDES_JA:
+            total += float(current.replace(",", "") or 1) * _MAGNITUDES_JA[char]
+            current = ""
+        else:
+            current += char
+    return total + float(current.replace(",", "") or 0)
+
+
+def _numbers_at(text: str) -> list[tuple[int, int, Number]]:
+    """The numbers of an NFKC-normalised text with their spans, in order."""
+    found = [
+        (match.start(), match.end(), Number(_amount_value(match.group("amount")), bool(match.group("yen"))))
+        for match in _AMOUNT_JA.finditer(text)
+    ]
+    # The rest of the text, amounts blanked out so that their digits are not read again.
+    rest = _AMOUNT_JA.sub(lambda match: " " * len(match.group(0)), text)
+    for match in _NUMBER_RE.finditer(rest):
         value = float(match.group("n").replace(",", ""))
         unit = (match.group("unit") or "").lower()
         currency = (
@@ -538,14 +599,46 @@ def numbers_of(text: str) -> list[Number]:
             or unit.endswith("円")
             or bool(_CURRENCY_BEFORE.search(text[: match.start()]))
         )
-        found.append(Number(value, currency))
-    return found
+        found.append((match.start(), match.end(), Number(value, currency)))
+    return sorted(found, key=lambda item: item[0])
+
+
+# Japanese bounds follow their number: 8万円超 40万円以下, 3万円未満, 10,000円以上, 5〜10日.
+_LOWER_JA = re.compile(r"\s?(?:超|以上|を超え|より多)")
+_UPPER_JA = re.compile(r"\s?(?:以下|未満|まで|以内)")
+_BETWEEN_JA = re.compile(r"^\s?(?:[〜~\-–]|から)\s?$")
+
+
+def _intervals_ja(text: str) -> list[tuple[float, float, bool]]:
+    """The ranges a Japanese text states, as (low, high, currency)."""
+    spans = _numbers_at(text)
+    intervals = []
+    index = 0
+    while index < len(spans):
+        _, end, number = spans[index]
+        following = spans[index + 1] if index + 1 < len(spans) else None
+        if following and _BETWEEN_JA.match(text[end : following[0]]):
+            intervals.append((number.value, following[2].value, number.currency or following[2].currency))
+            index += 2
+            continue
+        if _LOWER_JA.match(text, end):
+            bound_end = _LOWER_JA.match(text, end).end()
+            if following and not text[bound_end : following[0]].strip() and _UPPER_JA.match(text, following[1]):
+                intervals.append((number.value, following[2].value, number.currency or following[2].currency))
+                index += 2
+                continue
+            intervals.append((number.value, math.inf, number.currency))
+        elif _UPPER_JA.match(text, end):
+            intervals.append((-math.inf, number.value, number.currency))
+        index += 1
+    return intervals
 
 
 def _numbers_held(question_numbers: Sequence[Number], text: str) -> set[int]:
     """Which of the question's numbers ``text`` states, or falls within a range it states."""
     if not question_numbers:
         return set()
+    text = unicodedata.normalize("NFKC", text)
     stated = numbers_of(text)
     intervals: list[tuple[float, float, bool]] = []  # low, high, currency
     for match in _RANGE_RE.finditer(text):
@@ -557,6 +650,7 @@ def _numbers_held(question_numbers: Sequence[Number], text: str) -> set[int]:
             value = float(match.group("n").replace(",", ""))
             currency = "€" in match.group(0) or "eur" in match.group(0).lower()
             intervals.append((-math.inf, value, currency) if bound == "high" else (value, math.inf, currency))
+    intervals.extend(_intervals_ja(text))
     held = set()
     for index, number in enumerate(question_numbers):
         if any(n.value == number.value and (n.currency == number.currency or not number.currency) for n in stated):
@@ -618,10 +712,17 @@ _MONEY = re.compile(
 @dataclass(frozen=True)
 class AnswerKind:
     """What a question asks for: ``money``, ``duration``, ``instruction`` (a rule: "What should I do
-    if ...?"), ``count`` (of ``counted``) or ``quantity``."""
+    if ...?"), ``count`` (of ``counted``), ``quantity``, ``person`` (誰), ``reason`` (なぜ, why),
+    ``contact`` (whom to call) or ``permission`` (may I: a rule that allows or forbids)."""
 
     name: str
     counted: str = ""  # for a count: the thing counted, singular ("minute", "robot")
+
+    @property
+    def ranking_only(self) -> bool:
+        """Whether the kind only chooses which sentence to quote, not whether to decline: a
+        person or a reason is said in too many ways (a role, 「…により」) to rule a sentence out."""
+        return self.name in ("person", "reason", "contact", "permission")
 
 
 # The same in Japanese: いくら (money), 何日 (a duration), 何人 (a count of 人), どのくらい.
@@ -633,11 +734,53 @@ _MONEY_JA = re.compile(r"\d\s?(?:円|万円|億円|ドル|ユーロ)|[¥￥]\s?\
 _DURATION_JA = re.compile(r"\d\s?(?:日|時間|分|週間|か月|ヶ月|カ月|年|営業日)|即時|直ちに|速やかに|毎日|毎週|毎月")
 
 
+_ASKS_REASON = re.compile(r"\bwhy\b|\bfor what reason\b|なぜ|何故|どうして|なんで(?!す)|理由|原因|要因", re.IGNORECASE)
+_GIVES_REASON = re.compile(
+    r"\b(?:because|due to|owing to|since|as a result|caused by|reasons?|so that)\b|"
+    r"ため|により|によって|による|要因|原因|理由|ので|から、",
+    re.IGNORECASE,
+)
+_ASKS_PERSON_JA = re.compile(r"誰|だれ|どなた|何者")
+# Whom to contact: 「どこに連絡すればいいですか」, "Who should I contact ...?" The answer is a
+# channel: an address, a number, a Slack channel, a desk.
+_ASKS_CONTACT = re.compile(
+    r"(?:どこ|誰|だれ|どなた)(?:に|へ)(?:連絡|問い合わせ|問合せ|報告|相談|電話|申し出|届け出)|連絡先|問い合わせ先|問合せ先|"
+    r"\bwho(?:m)? (?:do|should|can|must) (?:i|we|you) (?:contact|call|ask|email|notify|tell)\b|"
+    r"\bwhere (?:do|should|can) (?:i|we|you) report\b",
+    re.IGNORECASE,
+)
+# May I: 「在宅勤務はできますか」「使ってもいいですか」, "Can I ...?" The answer is a rule that allows
+# or forbids.
+_ASKS_PERMISSION = re.compile(
+    r"(?:でき|出来)(?:ます|る)(?:か|の)|(?:て|で)も(?:いい|良い|よい|大丈夫|構わない|かまわない)|可能(?:です)?か|"
+    r"許可され(?:ます|る)か|\b(?:can|may) (?:i|we|employees?|staff)\b|\b(?:am|are) (?:i|we) allowed\b",
+    re.IGNORECASE,
+)
+_GIVES_PERMISSION = re.compile(
+    r"でき(?:る|ない|ます|ません)|出来|認め|可能|不可|禁止|許可|ならない|いけない|してはならない|限る|のみ|"
+    r"\b(?:may|must|can|cannot|can't|allowed|permitted|prohibited|forbidden|not allowed|only)\b",
+    re.IGNORECASE,
+)
+_GIVES_CONTACT = re.compile(
+    r"[\w.+-]+@[\w-]+\.[\w.-]+|\+?\d[\d ()-]{6,}\d|内線\s?\d|#[a-z][\w-]+|https?://|窓口|ヘルプデスク|ホットライン|"
+    r"\b(?:service desk|help ?desk|hotline|extension|ext\.)",
+    re.IGNORECASE,
+)
+
+
 def answer_kind(question: str) -> AnswerKind | None:
     """What the question's words ask for ("How much does X cost?": money; "How long does it
     take?": a duration; "How many robots ...?": a count of robots; "How large ...?": a
-    quantity), or None when they do not say."""
+    quantity; 「なぜ」: a reason; 「誰が」: a person), or None when they do not say."""
     question = unicodedata.normalize("NFKC", question)
+    if _ASKS_REASON.search(question):
+        return AnswerKind("reason")
+    if _ASKS_CONTACT.search(question):
+        return AnswerKind("contact")
+    if _ASKS_PERMISSION.search(question):
+        return AnswerKind("permission")
+    if _ASKS_PERSON_JA.search(question):
+        return AnswerKind("person")
     if _ASKS_MONEY.search(question) or _ASKS_MONEY_JA.search(question):
         return AnswerKind("money")
     if _ASKS_INSTRUCTION.search(question):
@@ -668,6 +811,14 @@ def holds_kind(kind: AnswerKind | None, sentence: str) -> bool:
         return bool(_DURATION.search(sentence) or _DURATION_JA.search(sentence))
     if kind.name == "instruction":
         return bool(_INSTRUCTS.search(sentence))
+    if kind.name == "reason":
+        return bool(_GIVES_REASON.search(sentence))
+    if kind.name == "person":
+        return names_someone(sentence)
+    if kind.name == "contact":
+        return bool(_GIVES_CONTACT.search(sentence))
+    if kind.name == "permission":
+        return bool(_GIVES_PERMISSION.search(sentence))
     if kind.name == "count" and (not kind.counted or not kind.counted.isascii()):
         return bool(re.search(rf"\d\s?{re.escape(kind.counted)}", sentence))
     if kind.name == "count":
@@ -718,7 +869,11 @@ def sentences_score(
     parts = question_parts(question)
     questions = [question, *parts] if len(parts) > 1 else [question]
     # Headings, lead-ins and labels are few and shared: each is analysed once.
-    extras = sorted({unit.context for unit in units if unit.context} | {unit.label for unit in units if unit.label})
+    extras = sorted(
+        {unit.context for unit in units if unit.context}
+        | {unit.label for unit in units if unit.label}
+        | {source.title for source in sources if source.title}
+    )
     lexemes = _lexemes(
         [*(_question_content(q) for q in questions), *(unit.sentence for unit in units), *extras], text_search_config
     )
@@ -736,6 +891,7 @@ def sentences_score(
     scored.lexemes = [frozenset(held) for held in lexemes[: len(units)]]
     scored.context_lexemes = [frozenset(by_text.get(unit.context, ())) for unit in units]
     scored.label_lexemes = [frozenset(by_text.get(unit.label, ())) for unit in units]
+    scored.title_lexemes = {source.number: frozenset(by_text.get(source.title, ())) for source in sources}
     if embedding_model:
         try:
             scored.vectors = _normalised(sentence_vectors(embedding_model, [unit.sentence for unit in units]))
@@ -829,9 +985,21 @@ def _names_another(question_terms: frozenset[str], context_terms: frozenset[str]
     return False
 
 
+_NUMERALS_JA = frozenset("万 億 兆".split())
+
+
 def _without_compound_parts(terms: set[str]) -> set[str]:
+    """A question's terms less the pieces of its number compounds (2026年度: 年度), and less its
+    amounts of money (300000円) and their 万/億: those are compared as numbers, which also reads
+    a range ("8万円超 40万円以下")."""
     compounds = [term for term in terms if _COMPOUND.match(term)]
-    return {term for term in terms if not any(term != c and term in c for c in compounds)}
+    return {
+        term
+        for term in terms
+        if not any(term != c and term in c for c in compounds)
+        and term not in _NUMERALS_JA
+        and not (_COMPOUND.match(term) and _counter(term) == "円")
+    }
 
 
 def _term_weights(scored: Scored, terms: frozenset[str], numbers: int) -> dict[str, float]:
@@ -862,7 +1030,7 @@ def _against(scored: Scored, question: str, terms: frozenset[str]) -> Against:
     size = max(min(len(terms) + len(numbers), COVERAGE_TERMS), 1)
     weights = _term_weights(scored, terms, len(numbers))
     total_weight = sum(weights.values()) or 1.0
-    held, context_held, coverage, weighted, fits = [], [], [], [], []
+    held, context_held, coverage, weighted, headed, fits = [], [], [], [], [], []
     for unit, own, around in zip(scored.units, scored.lexemes, scored.context_lexemes, strict=True):
         unit_held = (terms & own) | {f"#{i}" for i in _numbers_held(numbers, unit.sentence)}
         context_only = (terms & around) - unit_held
@@ -871,8 +1039,10 @@ def _against(scored: Scored, question: str, terms: frozenset[str]) -> Against:
         coverage.append(min((len(unit_held) + CONTEXT_WEIGHT * len(context_only)) / size, 1.0))
         share = sum(weights[t] for t in unit_held) + CONTEXT_WEIGHT * sum(weights[t] for t in context_only)
         weighted.append(share / total_weight)
+        headed.append(sum(weights[t] for t in terms & around) / total_weight)
         fits.append(holds_kind(kind, unit.sentence))
-    penalty = np.where(np.array(fits, dtype=bool), 0.0, ANSWER_KIND_PENALTY)
+    unfit = np.where(np.array(fits, dtype=bool), 0.0, ANSWER_KIND_PENALTY)
+    penalty = np.zeros(len(fits)) if kind is not None and kind.ranking_only else unfit
     # What stands above a sentence (its heading, a Japanese document's title) names another
     # year or quarter than the question ("2026年度第1四半期" asked, "第2四半期 売上報告" above):
     # the sentence is about that one.
@@ -892,8 +1062,14 @@ def _against(scored: Scored, question: str, terms: frozenset[str]) -> Against:
     base, weight = (dense, COVERAGE_WEIGHT) if dense is not None else (0.0, 1.0)
     relevance = base + weight * np.array(coverage, dtype=np.float64) - penalty
     ranking = base + weight * np.array(weighted, dtype=np.float64) - penalty
+    if kind is not None and kind.ranking_only:
+        ranking = ranking - unfit
     if passage is not None:
         ranking = ranking + PASSAGE_WEIGHT * passage
+    # A section whose heading names what the question asks about answers it more surely than a
+    # sentence elsewhere that holds the same words (「第4条（国内出張の日当・宿泊費）」 above the
+    # table of per-diems, not the article on who the rules apply to): a title field, as BM25F has.
+    ranking = ranking + HEADING_WEIGHT * np.array(headed, dtype=np.float64)
     # "Core hours: 09:00 - 13:00 UTC" answers "What are the core hours?" more directly than
     # "Outside core hours you organise your own schedule", which holds the same terms.
     labelled = np.array([bool(label) and label <= terms for label in scored.label_lexemes], dtype=bool)

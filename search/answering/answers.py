@@ -256,6 +256,7 @@ def _reason(exc: Exception) -> str:
 
 def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature, started, speculative, plan) -> Answer:
     why_extractive = None
+    warming = None  # the route whose pool is starting, if that is why nothing generates
     if plan is not None:  # made by the caller for this request: the same choice, not planned twice
         plan = replace(plan, request_id=str(answer.id))
     else:
@@ -263,13 +264,16 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
             plan = router.plan(
                 route_name=route_name, client_id=answer.client_id, request_id=str(answer.id), speculative=speculative
             )
-        except PoolWarming:
+        except PoolWarming as exc:
             why_extractive = wording.MODEL_STARTING
+            warming = exc.route
         except NoRouteConfigured:
             why_extractive = wording.NO_MODEL
     language = analysis.language_of(answer.question)
-    if plan is not None and not plan.route.answers_in(language):
-        # The route's model does not write this language: the sources' own sentences answer.
+    route = plan.route if plan is not None else warming
+    if route is not None and not route.answers_in(language):
+        # The route's model does not write this language (started or not): the sources' own
+        # sentences answer, and the answer says that is why.
         why_extractive = wording.LANGUAGE_NOT_SPOKEN.format(language=wording.LANGUAGE_NAMES.get(language, language))
         plan = None
     answer.plan = plan  # for this call only: the caller reports what serves it
@@ -284,18 +288,11 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     retrieve_started = time.perf_counter()
     if collections:
         try:
-            result = chunk_search(
-                query=answer.retrieval_query,
-                workspace=answer.workspace,
-                collection_ids=collections,  # chosen when it was asked: no second query
-                mode="hybrid",
-                top_k=top_k,
-                snippets=False,
-                syntax="question",  # a question's quotation marks quote; they do not filter
+            sources = sources_retrieved(
+                answer.retrieval_query, workspace=answer.workspace, collections=collections, top_k=top_k
             )
         except SearchError as exc:
             raise AnswerError("collections", str(exc)) from None
-        sources = prompting.sources_from_hits(result.hits)
     else:
         sources = []  # a workspace without collections: nothing to retrieve, no statement sent
     answer.timings["retrieve_ms"] = _ms_since(retrieve_started)
@@ -371,6 +368,36 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
             **common,
         )
     return answer
+
+
+def sources_retrieved(question: str, *, workspace, collections, top_k: int) -> list[prompting.Source]:
+    """The ``top_k`` chunks that answer ``question`` (hybrid search), numbered.
+
+    A question in parts ("2025年度第3四半期と2026年度第2四半期の売上高をそれぞれ", "What is X, and
+    how long is Y?") is also searched part by part, and the lists are interleaved rank by rank
+    after the whole question's: each part's best passages are among the sources even when the
+    whole question's top ``top_k`` all answer one part."""
+    parts = abstention.question_parts(question)
+    queries = [question, *parts] if len(parts) > 1 else [question]
+    rankings = [
+        chunk_search(
+            query=query,
+            workspace=workspace,
+            collection_ids=collections,  # chosen when it was asked: no second query
+            mode="hybrid",
+            top_k=top_k,
+            snippets=False,
+            syntax="question",  # a question's quotation marks quote; they do not filter
+        ).hits
+        for query in queries
+    ]
+    hits, seen = [], set()
+    for rank in range(top_k):
+        for ranking in rankings:
+            if rank < len(ranking) and ranking[rank].chunk_id not in seen and len(hits) < top_k:
+                seen.add(ranking[rank].chunk_id)
+                hits.append(ranking[rank])
+    return prompting.sources_from_hits(hits)
 
 
 def _followup_read(answer, collections, plan, client_key, temperature) -> conversations.FollowupReading:

@@ -35,6 +35,7 @@ from search.answering.abstention import (
     NOT_ANSWERED,
     Against,
     Scored,
+    Unit,
     abstain_below,
     declined_text,
     question_parts,
@@ -65,6 +66,10 @@ CLOSE_TO_BEST = 0.1
 # an FAQ's answer is often two sentences ("10 hours of typical operation", "7.5 hours under
 # heavy load").
 SIBLING_CLOSE = 0.05
+# How many opening sentences answer a question about a whole document (``_document_lead``).
+LEAD_SENTENCES = 2
+# A list item of several sentences is quoted whole up to this length (``Unit.item``).
+MAX_ITEM_CHARS = 300
 # A part of a question that the sources answer less well than the whole question still gets
 # its best sentence down to this far below the abstention threshold: its words are fewer, so
 # its sentences score lower ("What should I do if I lose my YubiKey" against "Lost or stolen
@@ -117,10 +122,18 @@ def extractive_answer(
             relevance=relevance.score,
         )
     threshold = abstain_below(scored.embedding_model, lexical_only=relevance.lexical_only)
-    ranks = np.array([unit.number - 1 for unit in scored.units], dtype=np.float64)
+    # What each unit's place costs it: RANK_PENALTY per rank of its source, and everything
+    # when the question asks for the latest and its document is not (``_not_latest``).
+    ranks = RANK_PENALTY * np.array([unit.number - 1 for unit in scored.units], dtype=np.float64)
+    if analysis.asks_for_latest(question):
+        ranks = ranks + np.where(_not_latest(scored), np.inf, 0.0)
     chosen = _choose(scored, ranks, threshold, max(max_sentences, 1))
-    scores = scored.whole.ranking - RANK_PENALTY * ranks
-    extracts = [Extract(scored.units[i].number, scored.units[i].sentence, round(float(scores[i]), 4)) for i in chosen]
+    scores = scored.whole.ranking - ranks
+    extracts: list[Extract] = []
+    for i in chosen:
+        quoted = _quoted(scored.units[i])
+        if not any(extract.number == scored.units[i].number and extract.sentence == quoted for extract in extracts):
+            extracts.append(Extract(scored.units[i].number, quoted, round(float(scores[i]), 4)))
     return ExtractiveAnswer(
         text="\n".join([lead, "", *(f"- {extract.sentence} [{extract.number}]" for extract in extracts)]),
         extracts=extracts,
@@ -130,8 +143,44 @@ def extractive_answer(
     )
 
 
+def _quoted(unit: Unit) -> str:
+    """What is quoted for a unit: its whole list item when it is one sentence of a short item
+    (the item's sentences say one rule together), else the sentence."""
+    return unit.item if unit.item and len(unit.item) <= MAX_ITEM_CHARS else unit.sentence
+
+
+def _not_latest(scored: Scored) -> np.ndarray:
+    """Per unit: whether its source is a dated document older than the newest one among the
+    sources. 「直近の四半期に新しく稼働したサイトは」 is answered from the latest report, not from
+    an older one whose sentence words it more closely (「当四半期の新規稼働サイトは5拠点です」)."""
+    dates = {source.number: source.document_date for source in scored.sources}
+    newest = max((date for date in dates.values() if date), default=None)
+    return np.array([bool(dates.get(unit.number)) and dates[unit.number] != newest for unit in scored.units])
+
+
+def _document_lead(scored: Scored, limit: int) -> list[int]:
+    """For a question that names a document and nothing in it (「最新の売上報告を教えてください」,
+    "Tell me about the travel policy": every term of the question is in the best source's
+    title, and it asks for no kind of answer), the document's opening sentences, as a
+    summary (what reports, rules and minutes put first); else nothing."""
+    whole = scored.whole
+    if whole.kind is not None or scored.parts or not whole.terms or not scored.sources:
+        return []
+    best = scored.sources[0]
+    if not whole.terms <= scored.title_lexemes.get(best.number, frozenset()):
+        return []
+    starts = {source.number: source.start_offset for source in scored.sources if source.document_id == best.document_id}
+    # Labelled lines ("発行日：…", a table row with its column names) are the document's
+    # particulars, not what it says.
+    opening = [i for i, unit in enumerate(scored.units) if unit.number in starts and not unit.label]
+    return sorted(opening, key=lambda i: (starts[scored.units[i].number], i))[: min(limit, LEAD_SENTENCES)]
+
+
 def _choose(scored: Scored, ranks: np.ndarray, threshold: float, limit: int) -> list[int]:
     """The units to quote, in the order they are quoted."""
+    lead = _document_lead(scored, limit)
+    if lead:
+        return lead
     if scored.parts:
         # Each part on its own: the best sentence for the whole question often answers one
         # part only ("payload" outweighs "battery"). A part the sources do not answer gets
@@ -146,7 +195,7 @@ def _choose(scored: Scored, ranks: np.ndarray, threshold: float, limit: int) -> 
         if chosen:
             return chosen
     whole = scored.whole
-    scores = whole.ranking - RANK_PENALTY * ranks
+    scores = whole.ranking - ranks
     chosen = _best_with_siblings(scored, whole, ranks)[:limit]
     covered = set().union(*(whole.held[i] | whole.context_held[i] for i in chosen))
     for index in sorted(range(len(scores)), key=lambda i: (-scores[i], i)):
@@ -163,7 +212,7 @@ def _choose(scored: Scored, ranks: np.ndarray, threshold: float, limit: int) -> 
 def _best_with_siblings(scored: Scored, against: Against, ranks: np.ndarray) -> list[int]:
     """The best unit for a question, and the next one if it stands under the same heading and
     scores nearly as well; in the sources' order."""
-    scores = against.ranking - RANK_PENALTY * ranks
+    scores = against.ranking - ranks
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
     best = order[0]
     chosen = [best]

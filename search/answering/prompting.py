@@ -277,6 +277,8 @@ class Source:
     start_offset: int
     end_offset: int
     score: float
+    # The document's date (ISO), where it carries one: which of several reports is the latest.
+    document_date: str | None = None
 
     @classmethod
     def from_record(cls, record: dict, text: str) -> Source:
@@ -314,6 +316,7 @@ def sources_from_hits(hits: Sequence) -> list[Source]:
             start_offset=hit.start_offset,
             end_offset=hit.end_offset,
             score=hit.score,
+            document_date=hit.document_date,
         )
         for index, hit in enumerate(hits, start=1)
     ]
