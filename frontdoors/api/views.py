@@ -13,10 +13,7 @@ import re
 import time
 from datetime import UTC, date, datetime
 
-from asgiref.sync import sync_to_async
-from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Count, QuerySet
-from django.http import FileResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -35,6 +32,7 @@ from frontdoors.api.errors import RestApiError, api_exception_handler, error_jso
 from frontdoors.api.pagination import ApiPagination, query_integer
 from frontdoors.api.schema import error_responses
 from frontdoors.api.throttling import ApiRateThrottle
+from frontdoors.files import document_file_response
 from search.answering.answers import answer_create, answer_stream_read
 from search.answering.conversations import (
     conversation_create,
@@ -293,28 +291,11 @@ class DocumentFileView(ApiView):
     def get(self, request, document_id: int):
         document = _document(self.workspace, document_id)
         try:
-            handle = document.file.open("rb")
+            return document_file_response(request._request, document)
         except FileNotFoundError:
             raise RestApiError(
                 status.HTTP_404_NOT_FOUND, "not_found", f"The file of document {document_id} is missing from storage."
             ) from None
-        # Bytes, not the document's media type: a browser must never render or sniff an upload
-        # on this origin (an HTML page would run here), and the name keeps the extension.
-        # FileResponse writes the name as RFC 6266 asks: filename*=utf-8'' for a Japanese one.
-        response = FileResponse(
-            handle, as_attachment=True, filename=document.source_name, content_type="application/octet-stream"
-        )
-        if isinstance(request._request, ASGIRequest):
-            # Under ASGI Django reads a synchronous iterator whole before sending any of it
-            # (docs/architecture.md): the file goes out block by block from an async one.
-            response.streaming_content = _file_blocks(handle, response.block_size)
-        return response
-
-
-async def _file_blocks(handle, size: int):
-    """The file's blocks, each read off the event loop; FileResponse closes it at the end."""
-    while block := await sync_to_async(handle.read, thread_sensitive=False)(size):
-        yield block
 
 
 class DocumentRetryView(ApiView):

@@ -18,6 +18,7 @@ urlpatterns = [
     path("documents/", views.documents, name="documents"),
     path("documents/list/", views.document_list, name="document_list"),
     path("documents/upload/", views.upload, name="upload"),
+    path("documents/<int:document_id>/file/", views.document_file, name="document_file"),
     path("documents/<int:document_id>/retry/", views.document_retry_view, name="document_retry"),
     path("documents/<int:document_id>/delete/", views.document_delete_view, name="document_delete"),
     path("workspace/", views.workspace_switch, name="workspace"),

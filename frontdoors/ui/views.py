@@ -26,6 +26,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext, ngettext
 from django.views.decorators.http import require_GET, require_POST
 
+from frontdoors.files import document_file_response
 from frontdoors.ui.forms import MODE_CHOICES, ConversationRenameForm, SearchForm, UploadForm
 from frontdoors.ui.languages import domain_text, script_strings
 from frontdoors.ui.rendering import answer_html, passage_context, sources_by_number
@@ -424,6 +425,17 @@ def _after_document_action(request, note: str):
 def document_retry_view(request, document_id):
     document = document_retry(document=_member_document(request, document_id))
     return _after_document_action(request, gettext("“%(title)s” is queued again.") % {"title": document.title})
+
+
+@require_GET
+@member_required
+def document_file(request, document_id):
+    """The document's original file, as uploaded, under its name (a Japanese one too)."""
+    document = _member_document(request, document_id)
+    try:
+        return document_file_response(request, document)
+    except FileNotFoundError:
+        raise Http404("the file of this document is missing from storage") from None
 
 
 @require_POST

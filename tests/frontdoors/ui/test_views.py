@@ -43,6 +43,7 @@ def test_every_page_needs_a_login(client, tenants):
         reverse("ui:passage", args=[chunk_of(tenants.acme).pk]),
         reverse("ui:documents"),
         reverse("ui:document_list"),
+        reverse("ui:document_file", args=[document.pk]),
     ]
     for url in pages:
         response = client.get(url)
@@ -239,6 +240,7 @@ def test_another_workspaces_answers_passages_and_documents_are_not_found(client,
     assert client.get(reverse("ui:passage", args=[their_chunk.pk])).status_code == 404
     assert client.post(reverse("ui:document_retry", args=[their_document.pk])).status_code == 404
     assert client.post(reverse("ui:document_delete", args=[their_document.pk])).status_code == 404
+    assert client.get(reverse("ui:document_file", args=[their_document.pk])).status_code == 404
     assert Document.objects.filter(pk=their_document.pk).exists()
     assert "secret" not in client.get(reverse("ui:documents")).content.decode()
     # A member of both sees both.
@@ -432,3 +434,25 @@ def test_a_conversation_is_renamed_and_deleted_by_its_owner_only(client, tenants
     assert deleted["Location"] == reverse("ui:answers")
     assert not Conversation.objects.filter(pk=conversation.pk).exists()
     assert not Answer.objects.filter(pk=answer.pk).exists()
+
+
+def test_a_document_is_downloaded_as_uploaded_under_its_japanese_name(client, tenants):
+    from search.services import document_create
+
+    content = "出張の日当は3,000円です。\n".encode("cp932")
+    document, _ = document_create(
+        collection=tenants.handbook, source_name="経費精算規程.txt", content=content, enqueue=False
+    )
+    client.force_login(tenants.ann)
+    listing = client.get(reverse("ui:documents")).content.decode()
+    link = reverse("ui:document_file", args=[document.pk])
+    assert f'<a class="meta" href="{link}" download title="Download the original file">経費精算規程.txt</a>' in listing
+    response = client.get(link)
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/octet-stream"
+    assert response["Content-Disposition"] == (
+        "attachment; filename*=utf-8''%E7%B5%8C%E8%B2%BB%E7%B2%BE%E7%AE%97%E8%A6%8F%E7%A8%8B.txt"
+    )
+    assert b"".join(response.streaming_content) == content
+    document.file.delete(save=False)
+    assert client.get(link).status_code == 404
