@@ -15,6 +15,7 @@ from django.db.models import Sum
 
 from ragsite.errors import DomainError
 from ragsite.redis import redis_client
+from search import analysis
 from search.embedders import DEFAULT_EMBEDDER, embedder_get
 from search.ingest.chunk_writes import chunks_remove
 from search.ingest.parsers import ParseError, sniff_media_type
@@ -72,8 +73,12 @@ def collection_create(
     description: str = "",
     embedding_model: str = DEFAULT_EMBEDDER,
     text_search_config: str = "search_english",
+    language: str = analysis.AUTO,
 ) -> Collection:
-    """Get or create a collection; a new one gets a vector index for its model's dimension."""
+    """Get or create a collection; a new one gets a vector index for its model's dimension.
+    ``language``: what its chunks and queries are analysed in (``auto``: each its own; docs/search.md)."""
+    if language not in analysis.LANGUAGES:
+        raise ValueError(f"language must be one of {', '.join(analysis.LANGUAGES)}, got {language!r}")
     existing = Collection.objects.filter(workspace=workspace, name=name).first()
     if existing is not None:
         return existing
@@ -87,6 +92,7 @@ def collection_create(
             "embedding_model": embedding_model,
             "embedding_dimensions": dimensions,
             "text_search_config": text_search_config,
+            "language": language,
         },
     )
     return collection

@@ -16,6 +16,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
+from search import analysis
 from search.answering.answers import QUESTION_MAX_CHARS, TOP_K_MAX
 from search.answering.conversations import TITLE_MAX_CHARS
 from search.embedders import DEFAULT_EMBEDDER, EmbedderError, embedder_get
@@ -90,6 +91,7 @@ class CollectionSerializer(serializers.ModelSerializer):
             "embedding_model",
             "embedding_dimensions",
             "text_search_config",
+            "language",
             "document_count",
             "chunk_count",
             "created_at",
@@ -121,6 +123,17 @@ class CollectionCreateSerializer(serializers.Serializer):
         help_text=(
             "PostgreSQL text-search configuration: search_english (the default: English as BM25 references"
             " analyse it: Lucene's 33 stop words, Snowball stemmer), or any other, e.g. english, german, simple."
+        ),
+    )
+
+    language = serializers.ChoiceField(
+        choices=analysis.LANGUAGES,
+        required=False,
+        default=analysis.AUTO,
+        help_text=(
+            "The language its documents and queries are analysed in: auto (the default: each chunk and query its"
+            " own, Japanese or the text_search_config's), ja or en. A collection whose first document is Japanese"
+            " is embedded by a multilingual model unless embedding_model is given."
         ),
     )
 

@@ -66,6 +66,10 @@ class Token:
     affix: bool = False
     # A person's name (UniDic's 固有名詞-人名: 高橋, 健太).
     person: bool = False
+    # Any proper noun: a person, a place, an organisation (関西, 東京, 山本).
+    proper: bool = False
+    # A numeral (2, 500, 億, 万): a number's part, not a word.
+    number: bool = False
 
 
 def _tagger():
@@ -132,6 +136,8 @@ def tokens(text: str) -> list[Token]:
                     symbol=feature.pos1 in SYMBOL_POS,
                     affix=feature.pos1 in AFFIX_POS,
                     person=feature.pos2 == "固有名詞" and feature.pos3 == "人名",
+                    proper=feature.pos2 == "固有名詞",
+                    number=feature.pos2 == "数詞",
                 )
             )
             found.append(read[-1])
@@ -204,6 +210,42 @@ def _number_value(parts: list[str]) -> str | None:
 def affixes(text: str) -> set[str]:
     """The terms of ``text`` that are prefixes or suffixes of its words (第, 高)."""
     return {token.term for token in tokens(text) if token.affix and token.term}
+
+
+# An amount as Japanese writes it, in 万 (10^4), 億 (10^8) and 兆 (10^12): 7億9,800万 is 798,000,000.
+_DECIMAL = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+AMOUNT = re.compile(rf"(?<![0-9.,])(?P<amount>(?:(?:{_DECIMAL})[兆億万])+(?:{_DECIMAL})?)(?P<yen>\s?円)?")
+
+
+def amount_value(amount: str) -> float:
+    """The value of ``AMOUNT``'s ``amount`` group (digits, commas, 兆/億/万)."""
+    total, current = 0.0, ""
+    for char in amount:
+        if char in _MULTIPLIERS:
+            total += float(current.replace(",", "") or 1) * _MULTIPLIERS[char]
+            current = ""
+        else:
+            current += char
+    return total + float(current.replace(",", "") or 0)
+
+
+def words_beside_numbers(text: str) -> set[str]:
+    """The terms of ``text`` that say what its numbers are about: not the numbers, not their
+    counters (円, 年, 時間: the words a number compound joins), not affixes or symbols."""
+    found = tokens(text)
+    compounds = [(token.start, token.end) for token in found if token.compound]
+    return {
+        token.term
+        for token in found
+        if token.term
+        and not (token.compound or token.number or token.affix or token.symbol)
+        and not any(start <= token.start and token.end <= end for start, end in compounds)
+    }
+
+
+def proper_nouns(text: str) -> set[str]:
+    """The proper nouns of ``text`` as written, lower-cased: people, places, organisations."""
+    return {token.surface.lower() for token in tokens(text) if token.proper}
 
 
 # Words that name who does something by their role: 上長, 部門長 (長), 作成者 (者), 担当.

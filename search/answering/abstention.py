@@ -41,7 +41,7 @@ from django.core.cache import cache
 from django.db import DatabaseError
 
 from search import analysis
-from search.analysis.japanese import QUESTION_TERMS, affixes, names_someone
+from search.analysis.japanese import AMOUNT, QUESTION_TERMS, affixes, amount_value, names_someone
 from search.analysis.sentences import sentence_spans
 from search.answering import wording
 from search.answering.prompting import Source
@@ -566,30 +566,14 @@ def numbers_of(text: str) -> list[Number]:
     return [number for _, _, number in _numbers_at(unicodedata.normalize("NFKC", text))]
 
 
-# A Japanese amount counts in 万 (10^4), 億 (10^8) and 兆 (10^12): 7億9,800万円 is 798,000,000 yen.
-_AMOUNT_JA = re.compile(rf"(?<![0-9.,])(?P<amount>(?:(?:{_NUMBER})[兆億万])+(?:{_NUMBER})?)(?P<yen>\s?円)?")
-_MAGNITUDES_JA = {"万": 10**4, "億": 10**8, "兆": 10**12}
-
-
-def _amount_value(amount: str) -> float:
-    total, current = 0.0, ""
-    for char in amount:
-        if char in _MAGNITUDES_JA:
-            total += float(current.replace(",", "") or 1) * _MAGNITUDES_JA[char]
-            current = ""
-        else:
-            current += char
-    return total + float(current.replace(",", "") or 0)
-
-
 def _numbers_at(text: str) -> list[tuple[int, int, Number]]:
     """The numbers of an NFKC-normalised text with their spans, in order."""
     found = [
-        (match.start(), match.end(), Number(_amount_value(match.group("amount")), bool(match.group("yen"))))
-        for match in _AMOUNT_JA.finditer(text)
+        (match.start(), match.end(), Number(amount_value(match.group("amount")), bool(match.group("yen"))))
+        for match in AMOUNT.finditer(text)
     ]
     # The rest of the text, amounts blanked out so that their digits are not read again.
-    rest = _AMOUNT_JA.sub(lambda match: " " * len(match.group(0)), text)
+    rest = AMOUNT.sub(lambda match: " " * len(match.group(0)), text)
     for match in _NUMBER_RE.finditer(rest):
         value = float(match.group("n").replace(",", ""))
         unit = (match.group("unit") or "").lower()

@@ -623,6 +623,12 @@ def test_up_serves_the_demo_model_out_of_the_box_and_answers_extractively_while_
         warming = _asked(system, key, "What is the per-diem for a full day in Zürich?")
         assert (warming["status"], warming["mode"]) == ("done", "extractive")
         assert warming["text"].startswith("Extracted from the sources (the generation model is still starting):")
+        # The demo model writes English only: a Japanese question is answered from the sources
+        # whether it has started or not, and says that is why, in Japanese.
+        japanese_notice = "資料から抜粋しました（生成モデルが日本語で回答できないため）："
+        warming_ja = _asked(system, key, "出張の日当はいくらですか")
+        assert (warming_ja["status"], warming_ja["mode"]) == ("done", "extractive"), warming_ja
+        assert warming_ja["text"].startswith(japanese_notice), warming_ja["text"]
 
         def pool_ready():
             status, body = _get(f"{system.base}/readyz")
@@ -644,6 +650,9 @@ def test_up_serves_the_demo_model_out_of_the_box_and_answers_extractively_while_
             assert answer["mode"] == "generated"
         given = {source["number"] for source in answer["sources"]}
         assert 1 <= len(given) <= 3  # the demo route's max_sources
+        japanese = _asked(system, key, "出張の日当はいくらですか")
+        assert (japanese["status"], japanese["mode"], japanese["route"]) == ("done", "extractive", None), japanese
+        assert japanese["text"].startswith(japanese_notice) and "3,000円" in japanese["text"], japanese["text"]
         # Every marker left in the text names a source the prompt gave, and each sentence's
         # span is the stored text's.
         cited = {n for citation in answer["citations"] for n in [citation["number"]]}

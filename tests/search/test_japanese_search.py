@@ -166,3 +166,54 @@ def chunks_analysed_of(chunks):
 def test_an_empty_japanese_query_is_refused_naming_the_problem(mixed, query):
     with pytest.raises(SearchError, match="the query is empty"):
         chunk_search(query=query, workspace=mixed.workspace)
+
+
+def _statistics(collection_id: int) -> tuple:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT term, df FROM search_termstat WHERE collection_id = %s ORDER BY term", [collection_id])
+        terms = cursor.fetchall()
+        cursor.execute(
+            "SELECT id, ts_config::text, lexemes, bm25::text FROM search_chunk WHERE collection_id = %s ORDER BY id",
+            [collection_id],
+        )
+        chunks = cursor.fetchall()
+    collection = Collection.objects.get(pk=collection_id)
+    return terms, chunks, collection.chunk_count, collection.lexeme_total, collection.bm25_avgdl
+
+
+def test_a_collection_is_analysed_again_in_another_language_and_back(mixed):
+    from search.ingest.reanalysis import collection_reanalyze
+
+    ingested = _statistics(mixed.pk)
+    progress = []
+    english = collection_reanalyze(
+        collection_id=mixed.pk, language="en", on_progress=lambda done, total: progress.append((done, total))
+    )
+    assert english.language == "en" and progress[-1] == (4, 4)
+    rows = {c.document.source_name: (c.ts_config, c.lexemes) for c in Chunk.objects.select_related("document")}
+    assert rows["経費精算規程.md"] == ("search_english", None)  # its text, as search_english splits it
+    assert keyword(mixed, "日当") == []  # a run of kanji is one "word" in English
+    assert keyword(mixed, "reported incidents") == ["security.md"]
+    back = collection_reanalyze(collection_id=mixed.pk, language="auto")
+    assert back.language == "auto"
+    # Exactly as ingestion left it: terms, their frequencies, every chunk's lexemes and weights.
+    assert _statistics(mixed.pk) == ingested
+    assert keyword(mixed, "出張の日当はいくらですか")[0] == "出張規程.md"
+
+
+def test_reanalyze_names_what_it_did_and_refuses_what_is_not_there(mixed):
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    out = io.StringIO()
+    call_command("reanalyze", str(mixed.pk), "--language", "ja", stdout=out)
+    assert out.getvalue() == f"{mixed}: language ja, 4 chunks analysed again\n"
+    assert Collection.objects.get(pk=mixed.pk).language == "ja"
+    with pytest.raises(CommandError, match="no collection with id 999999"):
+        call_command("reanalyze", "999999")
+    with pytest.raises(CommandError, match="invalid choice: 'fr'"):
+        call_command("reanalyze", str(mixed.pk), "--language", "fr")

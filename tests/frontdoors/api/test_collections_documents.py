@@ -38,7 +38,12 @@ def test_collections_are_created_listed_and_read(admin_client, acme, handbook):
         "all-MiniLM-L6-v2", 384, "simple",
     )  # fmt: skip
     assert body["document_count"] == 0 and body["url"].endswith(f"/api/v1/collections/{body['id']}")
+    assert body["language"] == "auto"  # each chunk and query in its own language
     assert Collection.objects.get(pk=body["id"]).workspace == acme
+    japanese = admin_client.post("/api/v1/collections", {"name": "報告", "language": "ja"}, format="json")
+    assert (japanese.status_code, japanese.json()["language"]) == (201, "ja")
+    assert Collection.objects.get(pk=japanese.json()["id"]).language == "ja"
+    Collection.objects.filter(name="報告").delete()
 
     listed = admin_client.get("/api/v1/collections").json()
     assert (listed["count"], [item["name"] for item in listed["results"]]) == (2, ["Handbook", "Reports"])
@@ -53,6 +58,7 @@ def test_collections_are_created_listed_and_read(admin_client, acme, handbook):
         ({}, "name", 400),
         ({"name": "X", "embedding_model": "word2vec"}, "embedding_model", 400),
         ({"name": "X", "text_search_config": "klingon"}, "text_search_config", 400),
+        ({"name": "X", "language": "fr"}, "language", 400),
         ({"name": "X" * 201}, "name", 400),
     ],
 )

@@ -406,3 +406,75 @@ def test_labelled_set_outcomes_are_right_above_the_floor():
 
     assert total == 200
     assert right / total >= OUTCOME_FLOOR
+
+
+# --------------------------------------------------------------------------- Japanese
+
+LABELLED_JA = Path(__file__).resolve().parents[2] / "data" / "verification_claims_ja.jsonl"
+ROWS_JA = [json.loads(line) for line in LABELLED_JA.read_text(encoding="utf-8").splitlines()]
+SECTIONS_JA = {row["id"]: f"{row['title']}\n{row['text']}" for row in ROWS_JA if row["kind"] == "passage"}
+JAPANESE_EMBEDDER, JAPANESE_CONFIG = "multilingual-e5-small", "search_japanese"
+# Measured (docs/answers.md, "Verified citations"): below English, for reasons said there.
+JA_PAIR_FLOOR = 0.94
+JA_OUTCOME_FLOOR = 0.8
+
+
+def _groups_ja() -> dict[tuple[str, ...], list[dict]]:
+    groups: dict[tuple[str, ...], list[dict]] = collections.defaultdict(list)
+    for row in ROWS_JA:
+        if row["kind"] != "passage":
+            groups[tuple(row["context"])].append(row)
+    return groups
+
+
+def test_japanese_labelled_set_pairs_are_judged_above_the_floor():
+    combined, labels = [], []
+    for context, claims in _groups_ja().items():
+        table = support_table(
+            [claim["claim"] for claim in claims],
+            [SECTIONS_JA[section] for section in context],
+            embedding_model=JAPANESE_EMBEDDER,
+            text_search_config=JAPANESE_CONFIG,
+        )
+        for i, claim in enumerate(claims):
+            for j, section in enumerate(context):
+                combined.append(table.score(i, j))
+                labels.append(section in claim["support"])
+    combined, labels = np.array(combined), np.array(labels)
+    assert len(labels) == 480 and labels.sum() == 90
+    assert _accuracy(combined, labels, verification.THRESHOLD) >= JA_PAIR_FLOOR
+
+
+def test_japanese_labelled_set_outcomes_are_right_above_the_floor():
+    right = total = 0
+    for context, claims in _groups_ja().items():
+        answer = "".join(claim["claim"].removesuffix("。") + "[1]。" for claim in claims)
+        passages = {number: SECTIONS_JA[section] for number, section in enumerate(context, start=1)}
+        result = answer_verify(answer, passages, embedding_model=JAPANESE_EMBEDDER, text_search_config=JAPANESE_CONFIG)
+        assert len(result.sentences) == len(claims), answer
+        for claim, check in zip(claims, result.sentences, strict=True):
+            right += (check.action, check.citations) == EXPECTED[claim["kind"]]
+            total += 1
+    assert total == 120
+    assert right / total >= JA_OUTCOME_FLOOR
+
+
+def test_a_japanese_amount_is_one_value_and_a_name_is_a_proper_noun():
+    passage = "売上報告\n| 地域 | 売上高 |\n| 関西 | 2億500万円 |\n作成者：山本 大輔"
+    assert verification._values("関西の売上高は2億500万円です。") == {"205000000"}
+    assert verification._names("作成者は山本 大輔です。") == {"山本", "大輔"}
+    # Capitals still make a Latin name, accents and all; not a run of kanji after a capital.
+    assert verification._names("The per-diem in Zürich is set by Léa.") == {"zürich", "léa"}
+    assert verification._names("第1四半期は、C社の豊田センターの稼働により関西が最大。") == {"豊田", "関西"}
+    kept = answer_verify(
+        "関西の売上高は2億500万円です[1]。", {1: passage}, embedding_model=None, text_search_config=JAPANESE_CONFIG
+    )
+    assert [check.action for check in kept.sentences] == ["kept"]
+    wrong = answer_verify(
+        "関西の売上高は2億5,000万円です[1]。", {1: passage}, embedding_model=None, text_search_config=JAPANESE_CONFIG
+    )
+    assert [check.action for check in wrong.sentences] == ["unsupported"]
+    someone_else = answer_verify(
+        "作成者は田中 太郎です[1]。", {1: passage}, embedding_model=None, text_search_config=JAPANESE_CONFIG
+    )
+    assert [check.action for check in someone_else.sentences] == ["unsupported"]
