@@ -714,14 +714,12 @@ def _verify(answer: Answer) -> None:
         answer.verification = {"skipped": "none of the passages given is stored any more" if numbers else "no sources"}
         return
     collection = _scoring_collection(list(answer.collections.order_by("pk")), analysis.language_of(answer.question))
-    verification = answer_verify(
-        answer.text,
-        passages,
-        **_scoring(collection),
-    )
+    abstains = answer.route.abstains if answer.route is not None else True
+    # A route that abstains shows only what its sources support: its unsupported sentences are
+    # withheld (``verification.withheld``), as a streaming client never sees them.
+    verification = answer_verify(answer.text, passages, **_scoring(collection), withhold=abstains)
     answer.verification = {**verification.as_dict(), "original_text": answer.text}
     answer.text, answer.grounded = verification.text, verification.grounded
-    abstains = answer.route.abstains if answer.route is not None else True
     # Nothing supported: no claim supported (0), or no claim at all (None: a lead-in only).
     if abstains and not verification.grounded and not verification.declined:
         if _quoted_instead(answer, texts, collection):

@@ -16,9 +16,14 @@ answer and ``{source number: source text}`` (the sources of its prompt) and retu
   ``reattributed``  no cited passage does, another does by ``MARGIN`` more: its markers
                     are replaced by that passage's number;
   ``added``         it cited nothing and a passage supports it: that citation is appended;
-  ``unsupported``   nothing supports it (its markers are kept), or it only names sources or
-                    titles instead of saying something ("Source 2: travel-and-expenses.md").
+  ``unsupported``   nothing supports it, or it only names sources or titles instead of saying
+                    something ("Source 2: travel-and-expenses.md"): withheld from the text;
+  ``repeated``      it was said before (a model that loops): withheld.
 
+- The verified text holds the supported claims and, around them, the sentences that are not
+  claims; what is withheld is listed in ``withheld``. ``StreamVerifier`` does this sentence by
+  sentence while the answer is written, so that a streaming client is shown only what the
+  stored answer says (docs/answers.md, "Verified while streaming").
 - ``grounded`` is the share of claims that are supported (None without a claim);
   ``declined`` is true when the answer declines and makes no claim.
 
@@ -86,7 +91,8 @@ class SentenceCheck:
     citations: list[int]  # source numbers cited by this sentence after verification
     support: float  # support score of the best cited passage (0..1), after verification
     supported: bool
-    action: str  # "kept" | "reattributed" | "added" | "unsupported" | "decline" | "not_a_claim"
+    # "kept" | "reattributed" | "added" | "decline" | "not_a_claim"; "unsupported" where not withheld
+    action: str
 
     def as_dict(self) -> dict:
         return {**asdict(self), "citations": list(self.citations), "support": round(float(self.support), 4)}
@@ -103,10 +109,14 @@ class Verification:
     unsupported: int
     declined: bool  # the answer as a whole says that the sources do not answer
     scorer: str = SCORER  # what scored support: "minilm+lexical", or "lexical" without embeddings
+    # Sentences left out of ``text``: {position (among the model's sentences), text, action
+    # ("unsupported" or "repeated"), citations, support}.
+    withheld: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {
             "sentences": [sentence.as_dict() for sentence in self.sentences],
+            "withheld": list(self.withheld),
             "grounded": None if self.grounded is None else round(self.grounded, 4),
             "removed_markers": self.removed_markers,
             "reattributed": self.reattributed,
@@ -670,155 +680,344 @@ class SupportTable:
         return support_score(dense, _overlap(self.claims[claim], _union([self.passages[p] for p in passages])))
 
 
+class PassageSet:
+    """The passages an answer was given, analysed once (their sentences' lexemes, names,
+    values and embeddings), against which claims are scored as they come (``table``). The
+    passages are analysed with the first claims: one lexeme query for both."""
+
+    def __init__(self, passages: list[str], *, embedding_model: str | None, text_search_config: str | None):
+        self.texts = passages
+        self.embedding_model = embedding_model
+        self.text_search_config = text_search_config
+        self.units = [passage_units(text) for text in passages]
+        self.owner = np.array([index for index, group in enumerate(self.units) for _ in group], dtype=np.int64)
+        self.evidence: list[_Evidence] | None = None
+        self.vectors: np.ndarray | None = None  # each passage sentence's, normalised
+        self.embeddings_failed = not embedding_model
+
+    def table(self, claims: list[str]) -> SupportTable:
+        """The claims scored against every passage: one lexeme query (the passages' too, the
+        first time), one embedding call for the claims (and one for the passages' sentences
+        not cached yet, the first time)."""
+        if not claims or not self.texts:
+            return SupportTable(dense=None, overlaps=[[] for _ in claims], claims=[], passages=[])
+        contents = [_content(text) for text in claims]
+        if self.evidence is None:
+            evidence = _evidence(
+                claims + self.texts,
+                contents + self.texts,
+                self.text_search_config,
+                claims=len(claims),
+                units=self.units,
+            )
+            claim_evidence, self.evidence = evidence[: len(claims)], evidence[len(claims) :]
+        else:
+            claim_evidence = _evidence(claims, contents, self.text_search_config, claims=len(claims))
+        return SupportTable(
+            dense=self._dense(claims),
+            overlaps=[[_overlap(c, p) for p in self.evidence] for c in claim_evidence],
+            claims=claim_evidence,
+            passages=self.evidence,
+        )
+
+    def _dense(self, claims: list[str]) -> np.ndarray | None:
+        """Claims x passages: the best cosine between each claim and each passage's sentences."""
+        if self.embeddings_failed:
+            return None
+        try:
+            vectors = _normalised(embedder_get(self.embedding_model).embed_documents(claims))
+            if self.vectors is None:
+                # Passage sentences recur from answer to answer: theirs are cached.
+                flat = [unit for group in self.units for unit in group]
+                self.vectors = _normalised(passage_embeddings(self.embedding_model, flat))
+        except (EmbedderError, OSError, RuntimeError, ValueError) as exc:
+            logger.warning("citations verified without embeddings (%s)", exc)
+            self.embeddings_failed = True
+            return None
+        cosines = self.vectors @ vectors.T  # passage sentences x claims
+        by_passage = np.full((len(self.texts), len(claims)), -1.0, dtype=np.float32)
+        np.maximum.at(by_passage, self.owner, cosines)  # each passage's best sentence, per claim
+        return by_passage.T
+
+
+def _normalised(vectors) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.where(norms == 0, 1.0, norms)
+
+
 def support_table(
     claims: list[str], passages: list[str], *, embedding_model: str | None, text_search_config: str | None
 ) -> SupportTable:
-    """One embedding call for the claims, one for the passage sentences not cached yet
-    (``passage_embeddings``), one query for the lexemes of all texts."""
+    """Claims scored against passages, all at once (``PassageSet.table``)."""
     if not claims:
         return SupportTable(dense=None, overlaps=[], claims=[], passages=[])
-    units = [passage_units(text) for text in passages]
-    owner = np.array([index for index, group in enumerate(units) for _ in group], dtype=np.int64)
-    evidence = _evidence(
-        claims + passages,
-        [_content(text) for text in claims] + passages,
-        text_search_config,
-        claims=len(claims),
-        units=units,
-    )
-    claim_evidence, passage_evidence = evidence[: len(claims)], evidence[len(claims) :]
-    dense = None
-    if embedding_model and claims and passages:
-        try:
-            embedder = embedder_get(embedding_model)
-            flat = [u for group in units for u in group]
-            # Claims are new each answer; passage sentences recur, so theirs are cached.
-            vectors = np.concatenate([embedder.embed_documents(claims), passage_embeddings(embedding_model, flat)])
-        except (EmbedderError, OSError, RuntimeError, ValueError) as exc:
-            logger.warning("citations verified without embeddings (%s)", exc)
-        else:
-            vectors = np.asarray(vectors, dtype=np.float32)
-            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            vectors = vectors / np.where(norms == 0, 1.0, norms)
-            cosines = vectors[len(claims) :] @ vectors[: len(claims)].T  # units x claims
-            by_passage = np.full((len(passages), len(claims)), -1.0, dtype=np.float32)
-            np.maximum.at(by_passage, owner, cosines)  # each passage's best unit, per claim
-            dense = by_passage.T
-    return SupportTable(
-        dense=dense,
-        overlaps=[[_overlap(c, p) for p in passage_evidence] for c in claim_evidence],
-        claims=claim_evidence,
-        passages=passage_evidence,
-    )
+    return PassageSet(passages, embedding_model=embedding_model, text_search_config=text_search_config).table(claims)
 
 
 # --------------------------------------------------------------------------- verification
 
 
 def answer_verify(
-    text: str, passages: dict[int, str], *, embedding_model: str | None, text_search_config: str | None = None
+    text: str,
+    passages: dict[int, str],
+    *,
+    embedding_model: str | None,
+    text_search_config: str | None = None,
+    withhold: bool = True,
 ) -> Verification:
     """Check every sentence of ``text`` against the ``passages`` its prompt gave (numbered as
-    in the prompt) and correct its citations (see the module's docstring)."""
-    text, removed = _drop_unknown(text, set(passages))
-    sentences = _sentence_spans(text)
-    numbers = sorted(passages)
-    column = {number: index for index, number in enumerate(numbers)}
-    # The words of each passage's first line: its title as the prompt gives it.
-    titles = [_title_words(passages[number]) for number in numbers]
-
-    kinds: list[str] = []
-    claims: list[str] = []
-    claim_of: dict[int, int] = {}
-    for index, sentence in enumerate(sentences):
-        raw = text[sentence.start : sentence.end]
-        plain = _plain(_strip_markers(raw))
-        if not re.search(r"\w", plain):
-            kinds.append("listing" if sentence.markers else "not_a_claim")
-        elif _is_decline(plain):
-            kinds.append("decline")
-        elif _names_sources(plain):
-            kinds.append("listing")
-        elif _is_filler(plain) or raw.lstrip().startswith("#"):
-            kinds.append("not_a_claim")
-        elif _is_title(plain, bool(sentence.markers), sentence.lead_in, titles):
-            kinds.append("listing")
-        else:
-            kinds.append("claim")
-            claim_of[index] = len(claims)
-            # A list item under "Every employee receives:" says something only with its lead-in.
-            claims.append(f"{sentence.lead_in} {plain}".strip() if sentence.lead_in else plain)
-
-    table = support_table(
-        claims,
-        [passages[number] for number in numbers],
-        embedding_model=embedding_model,
-        text_search_config=text_search_config,
+    in the prompt) and correct its citations (see the module's docstring): the whole text at
+    once, as ``StreamVerifier`` checks it piece by piece."""
+    verifier = StreamVerifier(
+        passages, embedding_model=embedding_model, text_search_config=text_search_config, withhold=withhold
     )
-    # No claim, nothing scored: the scorer is what would have scored one.
-    lexical_only = table.dense is None and (bool(claims) or not embedding_model)
-    threshold = LEXICAL_THRESHOLD if lexical_only else THRESHOLD
-    margin = LEXICAL_MARGIN if lexical_only else MARGIN
+    verifier.finish(text)  # every sentence decided at once: one lexeme query, one embedding call
+    return verifier.result()
 
-    pieces: list[str] = []
-    checks: list[SentenceCheck] = []
-    position = 0
-    length = 0
-    for index, sentence in enumerate(sentences):
+
+@dataclass
+class _Decided:
+    """A sentence checked, waiting to be written into the verified text."""
+
+    gap: str  # what stood between it and the sentence before it (spaces, a line break, a list marker)
+    text: str  # the sentence as verified (its citations corrected)
+    citations: list[int]
+    support: float
+    action: str
+
+
+# What the start of a citation marker looks like before it is closed: "[", "[1", "[1, 2".
+_MARKER_START = re.compile(r"\s*\[[\d\s,;\-\u2013]*")
+
+
+class StreamVerifier:
+    """An answer checked sentence by sentence while it is written.
+
+    ``feed(delta)`` takes the model's next piece of text and returns the verified text that
+    can be shown from it: a sentence is checked once it is complete (the next one has begun,
+    so that the markers after its full stop are known), and then
+
+    - a supported claim (``kept``, ``reattributed``, ``added``) is shown with its citations
+      corrected, after whatever was held back before it;
+    - an unsupported claim, a bare listing of sources, or a sentence said again is withheld:
+      it never enters the text (``withheld`` keeps it, with why);
+    - a sentence that is not a claim (a lead-in, a decline) is shown once a supported claim
+      has been, and held back until then: an answer that supports nothing is replaced as a
+      whole when it is stored (declined, or the sources quoted instead).
+
+    With ``withhold=False`` (a route that does not abstain: its model answers whatever was
+    found) an unsupported claim is shown too, flagged, and nothing is held back; citations are
+    corrected all the same.
+
+    ``finish()`` checks the last sentence and returns the rest; ``result()`` is the
+    ``Verification``, whose ``text`` starts with everything ``feed`` and ``finish`` returned:
+    the text a streaming client assembled is the stored answer's. Each sentence is decided
+    once, from itself, its lead-in and the passages, so the order of arrival changes nothing.
+    """
+
+    def __init__(
+        self,
+        passages: dict[int, str],
+        *,
+        embedding_model: str | None,
+        text_search_config: str | None = None,
+        withhold: bool = True,
+    ):
+        self.withhold = withhold
+        self.numbers = sorted(passages)
+        self.column = {number: index for index, number in enumerate(self.numbers)}
+        # The words of each passage's first line: its title as the prompt gives it.
+        self.titles = [_title_words(passages[number]) for number in self.numbers]
+        self.passages = PassageSet(
+            [passages[number] for number in self.numbers],
+            embedding_model=embedding_model,
+            text_search_config=text_search_config,
+        )
+        self.embedding_model = embedding_model
+        self.raw = ""
+        self.decided = 0  # sentences of the text so far already decided
+        self.finished = False
+        self.shown: list[str] = []  # the verified text so far, piece by piece
+        self.length = 0
+        self.held: list[_Decided] = []  # not claims, before the first supported one
+        self.checks: list[SentenceCheck] = []
+        self.withheld: list[dict] = []
+        self.kinds: list[str] = []
+        self.seen: set[str] = set()  # the sentences said so far, as compared
+        self.supported = 0
+        self.lexical_only = not embedding_model
+
+    # ------------------------------------------------------------------ reading
+
+    def feed(self, delta: str) -> str:
+        """Take the next piece of the model's text; returns the verified text it completes."""
+        if self.finished:
+            raise RuntimeError("the answer was finished")
+        self.raw += delta
+        return self._decide(final=False)
+
+    def finish(self, delta: str = "") -> str:
+        """The model's text is complete (``delta``: its last piece): the last sentences
+        checked; returns the rest shown."""
+        if self.finished:
+            return ""
+        self.raw += delta
+        shown = self._decide(final=True)
+        self.finished = True
+        if self.supported:
+            shown += self._release_held()
+        return shown
+
+    def _decide(self, *, final: bool) -> str:
+        text, _ = _drop_unknown(self.raw, set(self.numbers))
+        sentences = _sentence_spans(text)
+        # The last sentence of an unfinished text may still grow, or gain the markers after its
+        # full stop; and while the last piece could still become a marker ("[", "[1"), so may
+        # the one before it.
+        complete = len(sentences)
+        if not final:
+            complete -= 1
+            if sentences and _MARKER_START.fullmatch(_strip_markers(text[sentences[-1].start : sentences[-1].end])):
+                complete -= 1
+        # Every sentence completed by this piece classified first, their claims scored together.
+        kinds = []
+        for index in range(self.decided, complete):
+            sentence = sentences[index]
+            kinds.append(self._kind(text[sentence.start : sentence.end], sentence))
+        claims = [claim for kind, claim in kinds if kind == "claim"]
+        table = self.passages.table(claims)
+        shown, claim = [], 0
+        for index, (kind, _) in zip(range(self.decided, complete), kinds, strict=True):
+            before = sentences[index - 1].end if index else 0
+            sentence = sentences[index]
+            decided = self._check(text, sentence, text[before : sentence.start], kind, table, claim)
+            claim += kind == "claim"
+            shown.append(self._place(decided, index))
+        self.decided = max(self.decided, complete)
+        return "".join(shown)
+
+    # ------------------------------------------------------------------ one sentence
+
+    def _kind(self, raw: str, sentence: _Sentence) -> tuple[str, str]:
+        """What the sentence is (``claim``, ``decline``, ``listing``, ``not_a_claim``,
+        ``repeated``) and, for a claim, what is scored (its lead-in before it)."""
+        plain = _plain(_strip_markers(raw))
+        key = plain.lower()
+        if key and key in self.seen:
+            return "repeated", ""  # a model that loops says it again: once is enough
+        self.seen.add(key)
+        if not re.search(r"\w", plain):
+            return ("listing" if sentence.markers else "not_a_claim"), ""
+        if _is_decline(plain):
+            return "decline", ""
+        if _names_sources(plain):
+            return "listing", ""
+        if _is_filler(plain) or raw.lstrip().startswith("#"):
+            return "not_a_claim", ""
+        if _is_title(plain, bool(sentence.markers), sentence.lead_in, self.titles):
+            return "listing", ""
+        # A list item under "Every employee receives:" says something only with its lead-in.
+        return "claim", (f"{sentence.lead_in} {plain}".strip() if sentence.lead_in else plain)
+
+    def _check(self, text: str, sentence: _Sentence, gap: str, kind: str, table: SupportTable, claim: int) -> _Decided:
         raw = text[sentence.start : sentence.end]
-        cited = list(dict.fromkeys(n for m in sentence.markers for n in m.numbers if n in column))
-        new, citations, support, action = raw, cited, 0.0, kinds[index]
-        if kinds[index] == "listing":
-            action = "unsupported"
-        elif kinds[index] == "claim":
-            claim = claim_of[index]
-            scores = [table.score(claim, column[number]) for number in numbers]
-            best = max(range(len(numbers)), key=lambda k: (scores[k], -k)) if numbers else None
-            if cited:
-                support = table.score_together(claim, [column[n] for n in cited])
-                others = [k for k in range(len(numbers)) if numbers[k] not in cited]
-                other = max(others, key=lambda k: (scores[k], -k)) if others else None
-                if support >= threshold:
-                    action = "kept"
-                elif other is not None and scores[other] >= threshold and scores[other] >= support + margin:
-                    action, citations, support = "reattributed", [numbers[other]], scores[other]
-                    new = _with_citation(raw, sentence.markers, numbers[other])
-                else:
-                    action = "unsupported"
-            elif best is not None and scores[best] >= threshold:
-                action, citations, support = "added", [numbers[best]], scores[best]
-                new = _with_citation(raw, [], numbers[best])
-            else:
-                action = "unsupported"
-        pieces.append(text[position : sentence.start])
-        length += sentence.start - position
-        checks.append(
+        self.kinds.append(kind)
+        cited = list(dict.fromkeys(n for m in sentence.markers for n in m.numbers if n in self.column))
+        if kind == "listing":
+            return _Decided(gap, raw, cited, 0.0, "unsupported")
+        if kind != "claim":
+            return _Decided(gap, raw, cited, 0.0, kind)
+        lexical = table.dense is None
+        self.lexical_only = self.lexical_only or lexical
+        threshold = LEXICAL_THRESHOLD if lexical else THRESHOLD
+        margin = LEXICAL_MARGIN if lexical else MARGIN
+        numbers = self.numbers
+        scores = [table.score(claim, self.column[number]) for number in numbers]
+        if cited:
+            support = table.score_together(claim, [self.column[n] for n in cited])
+            others = [k for k in range(len(numbers)) if numbers[k] not in cited]
+            other = max(others, key=lambda k: (scores[k], -k)) if others else None
+            if support >= threshold:
+                return _Decided(gap, raw, cited, support, "kept")
+            if other is not None and scores[other] >= threshold and scores[other] >= support + margin:
+                moved = _with_citation(raw, sentence.markers, numbers[other])
+                return _Decided(gap, moved, [numbers[other]], scores[other], "reattributed")
+            return _Decided(gap, raw, cited, support, "unsupported")
+        best = max(range(len(numbers)), key=lambda k: (scores[k], -k)) if numbers else None
+        if best is not None and scores[best] >= threshold:
+            added = _with_citation(raw, [], numbers[best])
+            return _Decided(gap, added, [numbers[best]], scores[best], "added")
+        return _Decided(gap, raw, cited, 0.0 if best is None else scores[best], "unsupported")
+
+    # ------------------------------------------------------------------ the verified text
+
+    def _place(self, decided: _Decided, position: int) -> str:
+        """Where a decided sentence goes: shown now, held back, or withheld."""
+        if decided.action == "repeated" or (decided.action == "unsupported" and self.withhold):
+            self.withheld.append(
+                {
+                    "position": position,  # among the sentences of the model's text
+                    "text": decided.text,
+                    "action": decided.action,
+                    "citations": decided.citations,
+                    "support": round(float(decided.support), 4),
+                }
+            )
+            return ""
+        if decided.action not in ("kept", "reattributed", "added"):
+            if not self.supported and self.withhold:
+                self.held.append(decided)
+                return ""
+            return self._show(decided)
+        self.supported += 1
+        return self._release_held() + self._show(decided)
+
+    def _release_held(self) -> str:
+        held, self.held = self.held, []
+        return "".join(self._show(decided) for decided in held)
+
+    def _show(self, decided: _Decided) -> str:
+        gap = decided.gap if self.length else decided.gap.lstrip()  # the answer starts with its first sentence
+        start = self.length + len(gap)
+        piece = gap + decided.text
+        self.shown.append(piece)
+        self.length += len(piece)
+        self.checks.append(
             SentenceCheck(
-                start=length,
-                end=length + len(new),
-                citations=citations,
-                support=round(float(support), 4),
-                supported=action in ("kept", "reattributed", "added"),
-                action=action,
+                start=start,
+                end=start + len(decided.text),
+                citations=list(decided.citations),
+                support=round(float(decided.support), 4),
+                supported=decided.action in ("kept", "reattributed", "added"),
+                action=decided.action,
             )
         )
-        pieces.append(new)
-        length += len(new)
-        position = sentence.end
-    pieces.append(text[position:])
+        return piece
 
-    claim_checks = [check for check in checks if check.action in CLAIM_ACTIONS]
-    real_claims = [c for c, kind in zip(checks, kinds, strict=True) if kind == "claim"]
-    supported = sum(check.supported for check in claim_checks)
-    return Verification(
-        text="".join(pieces),
-        sentences=checks,
-        grounded=supported / len(claim_checks) if claim_checks else None,
-        removed_markers=removed,
-        reattributed=sum(check.action == "reattributed" for check in checks),
-        added=sum(check.action == "added" for check in checks),
-        unsupported=sum(check.action == "unsupported" for check in checks),
-        # Declining and listing the sources consulted is still declining.
-        declined="decline" in kinds and not real_claims,
-        scorer=SCORER_LEXICAL if lexical_only else SCORER,
-    )
+    def result(self) -> Verification:
+        """What the check found; ``text`` is what was shown, then (when nothing it says was
+        supported) what was held back."""
+        if not self.finished:
+            raise RuntimeError("finish() first")
+        if not self.supported:
+            self._release_held()
+        _, removed = _drop_unknown(self.raw, set(self.numbers))
+        unsupported = sum(item["action"] == "unsupported" for item in self.withheld) + sum(
+            check.action == "unsupported" for check in self.checks
+        )
+        claims = self.supported + unsupported
+        real_claims = self.kinds.count("claim")
+        return Verification(
+            text="".join(self.shown),
+            sentences=list(self.checks),
+            grounded=self.supported / claims if claims else None,
+            removed_markers=removed,
+            reattributed=sum(check.action == "reattributed" for check in self.checks),
+            added=sum(check.action == "added" for check in self.checks),
+            unsupported=unsupported,
+            # Declining and listing the sources consulted is still declining.
+            declined="decline" in self.kinds and not real_claims,
+            scorer=SCORER_LEXICAL if self.lexical_only else SCORER,
+            withheld=list(self.withheld),
+        )

@@ -631,7 +631,7 @@ def _files_by_number(answer: Answer) -> dict[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_misattributed_sentence_is_reattributed_and_an_unsupported_one_flagged(workers, corpus, upstream_server):
+def test_a_misattributed_sentence_is_reattributed_and_an_unsupported_one_withheld(workers, corpus, upstream_server):
     workspace, _ = corpus
     remote_provider(upstream_server, max_tokens=64)
     reply = (
@@ -649,11 +649,13 @@ def test_a_misattributed_sentence_is_reattributed_and_an_unsupported_one_flagged
     assert (files[1], files[2]) == ("heat.md", "wing.md")
     assert deltas(events) == stored.verification["original_text"] == reply
     # The first sentence is the heat passage's, not the wing's: its marker moves there. Nothing
-    # supports the second: it keeps its marker and is flagged.
-    assert stored.text == reply.replace("formula [2]", "formula [1]")
+    # supports the second: it is withheld from the answer, and kept, with why, in its verification.
+    assert stored.text == "Heat flux at the nose of a blunt body is given by the stagnation point formula [1]."
     assert [(c["citations"], c["action"], c["supported"]) for c in stored.verification["sentences"]] == [
         ([1], "reattributed", True),
-        ([1], "unsupported", False),
+    ]
+    assert [(w["text"], w["action"], w["position"]) for w in stored.verification["withheld"]] == [
+        ("The wing is painted blue and weighs two tons [1].", "unsupported", 1)
     ]
     assert (stored.mode, stored.grounded, stored.abstained) == ("generated", 0.5, False)
     assert events[-1][2] == answers.answer_record(stored)

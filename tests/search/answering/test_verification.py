@@ -91,14 +91,17 @@ def test_a_sentence_citing_the_wrong_passage_is_reattributed():
     assert (result.reattributed, result.unsupported, result.grounded) == (1, 0, 1.0)
 
 
-def test_a_wrong_number_is_unsupported_and_keeps_its_marker():
+def withheld(result) -> list[tuple[str, str, list[int]]]:
+    return [(item["text"], item["action"], item["citations"]) for item in result.withheld]
+
+
+def test_a_wrong_number_is_unsupported_and_withheld():
     text = "The full-day per-diem in Switzerland is €99 [1]."
     result = verify(text)
 
-    assert result.text == text
-    assert actions(result) == [("unsupported", [1])]
-    assert not result.sentences[0].supported
-    assert result.sentences[0].support < verification.THRESHOLD
+    assert (result.text, actions(result)) == ("", [])
+    assert withheld(result) == [(text, "unsupported", [1])]
+    assert result.withheld[0]["support"] < verification.THRESHOLD
     assert (result.unsupported, result.grounded) == (1, 0.0)
 
 
@@ -108,8 +111,8 @@ def test_a_number_read_from_another_row_of_the_table_is_unsupported():
     assert "€28" in PASSAGES[1] and "Zürich" in PASSAGES[1]
     result = verify("The per-diem for a full day in Zürich is €28 [1].")
 
-    assert actions(result) == [("unsupported", [1])]
-    assert result.sentences[0].support < verification.THRESHOLD
+    assert actions(result) == [] and withheld(result)[0][1:] == ("unsupported", [1])
+    assert result.withheld[0]["support"] < verification.THRESHOLD
     assert actions(verify("The per-diem for a full day in Zürich is €68 [1].")) == [("kept", [1])]
     assert actions(verify("In Germany the half-day per-diem is €28 [1].")) == [("kept", [1])]
 
@@ -132,8 +135,8 @@ def test_an_uncited_supported_sentence_gets_its_citation_added():
 def test_an_uncited_sentence_that_nothing_supports_is_unsupported():
     result = verify("The Munich office has 40 parking spaces.")
 
-    assert result.text == "The Munich office has 40 parking spaces."
-    assert actions(result) == [("unsupported", [])]
+    assert (result.text, actions(result)) == ("", [])
+    assert withheld(result) == [("The Munich office has 40 parking spaces.", "unsupported", [])]
 
 
 def test_a_sentence_joining_two_cited_passages_is_kept():
@@ -178,8 +181,9 @@ def test_an_answer_that_declines_in_part_is_not_declined():
 def test_a_sentence_that_only_names_sources_is_unsupported(listing):
     result = verify(f"The probation period is six months [3].\n{listing}")
 
-    assert [check.action for check in result.sentences] == ["kept", "unsupported"]
-    assert not result.sentences[1].supported
+    assert [check.action for check in result.sentences] == ["kept"]
+    assert result.text == "The probation period is six months [3]."
+    assert [item["action"] for item in result.withheld] == ["unsupported"]
     assert result.grounded == 0.5
 
 
@@ -230,7 +234,6 @@ def test_spans_slice_the_corrected_text_exactly():
         "The manager holds a 30-day review [2-3].",
         "The payload limit is 600 kg [2].",
         "New starters are on probation for six months [3].",
-        "Dr. Smith approves it.",
     ]
     assert actions(result) == [
         ("not_a_claim", []),
@@ -240,8 +243,9 @@ def test_spans_slice_the_corrected_text_exactly():
         ("kept", [2, 3]),
         ("reattributed", [2]),
         ("added", [3]),
-        ("unsupported", []),
     ]
+    assert withheld(result) == [("Dr. Smith approves it.", "unsupported", [])]
+    assert result.withheld[0]["position"] == 7
     assert result.removed_markers == 2
     assert "\n- Atlas-7" in result.text and "\n2. The payload" in result.text  # list markers kept, outside spans
 
@@ -252,7 +256,8 @@ def test_grounded_is_the_share_of_claims_supported():
         "The full-day per-diem in Switzerland is €99 [1]. The sources do not mention parking."
     )
 
-    assert [check.action for check in result.sentences] == ["not_a_claim", "kept", "kept", "unsupported", "decline"]
+    assert [check.action for check in result.sentences] == ["not_a_claim", "kept", "kept", "decline"]
+    assert withheld(result) == [("The full-day per-diem in Switzerland is €99 [1].", "unsupported", [1])]
     # Two of the three claims are supported; the greeting and the decline do not count.
     assert result.grounded == pytest.approx(2 / 3)
     assert (result.unsupported, result.declined) == (1, False)
@@ -264,6 +269,7 @@ def test_as_dict_is_json():
 
     assert set(record) == {
         "sentences",
+        "withheld",
         "grounded",
         "removed_markers",
         "reattributed",
@@ -287,8 +293,8 @@ def test_empty_and_passage_free_answers():
     assert verify("").sentences == []
     assert verify("").grounded is None
     result = verify("The payload is 600 kg [1].", {})
-    assert (result.text, result.removed_markers) == ("The payload is 600 kg.", 1)
-    assert actions(result) == [("unsupported", [])]
+    assert (result.text, result.removed_markers) == ("", 1)
+    assert (actions(result), withheld(result)) == ([], [("The payload is 600 kg.", "unsupported", [])])
 
 
 # --------------------------------------------------------------------------- scoring paths and cost
@@ -302,7 +308,8 @@ def test_without_an_embedder_lexical_scoring_decides(monkeypatch):
     answer = "The full-day per-diem in Switzerland is €99 [1]. Atlas-7 can carry a maximum payload of 600 kg [1]."
     for result in (verify(answer), verify(answer, embedding_model=None)):
         assert result.scorer == "lexical"
-        assert actions(result) == [("unsupported", [1]), ("reattributed", [2])]
+        assert actions(result) == [("reattributed", [2])]
+        assert withheld(result) == [("The full-day per-diem in Switzerland is €99 [1].", "unsupported", [1])]
 
 
 def test_without_a_text_search_configuration_words_are_compared_as_written():
@@ -358,6 +365,15 @@ EXPECTED = {"supported": ("kept", [1]), "reworded": ("kept", [1]), "altered": ("
 EXPECTED["other_file"] = ("reattributed", [2])
 
 
+def outcomes(result, count: int) -> list[tuple[str, list[int]]]:
+    """(action, citations) of each of the ``count`` sentences of the model's text, in order:
+    those in the verified text and those withheld."""
+    assert len(result.sentences) + len(result.withheld) == count, result
+    left_out = {item["position"]: (item["action"], item["citations"]) for item in result.withheld}
+    shown = iter((check.action, check.citations) for check in result.sentences)
+    return [left_out[index] if index in left_out else next(shown) for index in range(count)]
+
+
 def _groups() -> dict[tuple[str, ...], list[dict]]:
     groups: dict[tuple[str, ...], list[dict]] = collections.defaultdict(list)
     for row in ROWS:
@@ -399,9 +415,8 @@ def test_labelled_set_outcomes_are_right_above_the_floor():
     for context, claims in _groups().items():
         answer = " ".join(claim["claim"].removesuffix(".") + " [1]." for claim in claims)
         result = verify(answer, {number: SECTIONS[section] for number, section in enumerate(context, start=1)})
-        assert len(result.sentences) == len(claims), answer
-        for claim, check in zip(claims, result.sentences, strict=True):
-            right += (check.action, check.citations) == EXPECTED[claim["kind"]]
+        for claim, outcome in zip(claims, outcomes(result, len(claims)), strict=True):
+            right += outcome == EXPECTED[claim["kind"]]
             total += 1
 
     assert total == 200
@@ -451,9 +466,8 @@ def test_japanese_labelled_set_outcomes_are_right_above_the_floor():
         answer = "".join(claim["claim"].removesuffix("。") + "[1]。" for claim in claims)
         passages = {number: SECTIONS_JA[section] for number, section in enumerate(context, start=1)}
         result = answer_verify(answer, passages, embedding_model=JAPANESE_EMBEDDER, text_search_config=JAPANESE_CONFIG)
-        assert len(result.sentences) == len(claims), answer
-        for claim, check in zip(claims, result.sentences, strict=True):
-            right += (check.action, check.citations) == EXPECTED[claim["kind"]]
+        for claim, outcome in zip(claims, outcomes(result, len(claims)), strict=True):
+            right += outcome == EXPECTED[claim["kind"]]
             total += 1
     assert total == 120
     assert right / total >= JA_OUTCOME_FLOOR
@@ -473,8 +487,72 @@ def test_a_japanese_amount_is_one_value_and_a_name_is_a_proper_noun():
     wrong = answer_verify(
         "関西の売上高は2億5,000万円です[1]。", {1: passage}, embedding_model=None, text_search_config=JAPANESE_CONFIG
     )
-    assert [check.action for check in wrong.sentences] == ["unsupported"]
+    assert [item["action"] for item in wrong.withheld] == ["unsupported"]
     someone_else = answer_verify(
         "作成者は田中 太郎です[1]。", {1: passage}, embedding_model=None, text_search_config=JAPANESE_CONFIG
     )
-    assert [check.action for check in someone_else.sentences] == ["unsupported"]
+    assert [item["action"] for item in someone_else.withheld] == ["unsupported"]
+
+
+# --------------------------------------------------------------------------- while streaming
+
+
+def _streamed(text: str, passages: dict[int, str], pieces: list[int], **options) -> tuple[str, object]:
+    """``text`` fed to a StreamVerifier in pieces of the given sizes (cycled): what it showed, and its result."""
+    options.setdefault("embedding_model", DEFAULT_EMBEDDER)
+    options.setdefault("text_search_config", CONFIG)
+    verifier = verification.StreamVerifier(passages, **options)
+    shown, at, turn = [], 0, 0
+    while at < len(text):
+        size = pieces[turn % len(pieces)]
+        shown.append(verifier.feed(text[at : at + size]))
+        at, turn = at + size, turn + 1
+    shown.append(verifier.finish())
+    return "".join(shown), verifier.result()
+
+
+STREAMED_ANSWERS = [
+    # kept, an invented number withheld, then reattributed
+    "The per-diem for a full day in Zürich is €68 [1]. The maximum payload is 900 kg [2]. "
+    "New employees have a probation period of six months [1].",
+    # a lead-in held until the first supported claim, a list with its lead-in, a closing filler
+    "Here is what the sources say:\n\n- The maximum payload is 600 kg [2].\n- The Munich office has 40 parking "
+    "spaces [3].\n- New employees have a probation period of six months [3].\n\nI hope this helps!",
+    # a loop: the repeated sentence is shown once
+    "The maximum payload is 600 kg [2]. The maximum payload is 600 kg [2]. The maximum payload is 600 kg [2].",
+    # nothing supported: nothing shown while streaming; the text is what was held back
+    "I could not find this. The Munich office has 40 parking spaces [1].",
+    # markers after the full stop, an invented marker, no marker at all
+    "The per-diem for a full day in Zürich is €68. [1] [7] The probation period is six months.",
+]
+
+
+@pytest.mark.parametrize("answer", STREAMED_ANSWERS)
+def test_a_streamed_answer_shows_exactly_the_verified_text_whatever_its_pieces(answer):
+    whole = verify(answer)
+    for pieces in ([1], [3, 1, 7], [16], [len(answer)]):
+        shown, result = _streamed(answer, PASSAGES, pieces)
+        assert result.text == whole.text and result.sentences == whole.sentences, pieces
+        assert result.withheld == whole.withheld and result.grounded == whole.grounded, pieces
+        if result.grounded:  # something supported: all of it was shown, as it is stored
+            assert shown == whole.text, pieces
+        else:  # nothing supported: nothing shown (the stored answer replaces it as a whole)
+            assert shown == "", pieces
+        for withheld in result.withheld:  # a repeated sentence was shown once, the first time
+            assert withheld["text"] not in shown or withheld["action"] == "repeated"
+
+
+def test_what_is_withheld_and_why():
+    result = verify(STREAMED_ANSWERS[0])
+    assert result.text == (
+        "The per-diem for a full day in Zürich is €68 [1]. New employees have a probation period of six months [3]."
+    )
+    assert [(check.action, check.citations) for check in result.sentences] == [("kept", [1]), ("reattributed", [3])]
+    assert [(item["text"], item["action"]) for item in result.withheld] == [
+        ("The maximum payload is 900 kg [2].", "unsupported")
+    ]
+    assert (result.unsupported, result.grounded) == (1, 2 / 3)
+    looped = verify(STREAMED_ANSWERS[2])
+    assert looped.text == "The maximum payload is 600 kg [2]."
+    assert [item["action"] for item in looped.withheld] == ["repeated", "repeated"]
+    assert looped.grounded == 1.0
