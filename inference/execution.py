@@ -21,7 +21,7 @@ from tenacity import RetryCallState, wait_random_exponential
 
 from billing import ledger
 from billing.models import UsageRecord
-from inference import keypool, pool
+from inference import keypool, observers, pool
 from inference.models import Provider, Route
 from inference.remote import (
     RemoteEndpoint,
@@ -198,6 +198,7 @@ class Routing:
         prefetch = not route.provider.is_local and not replaced
         self._prefetched: tuple[keypool.PickedKey | None] | None = (key,) if prefetch else None
         self.attempted: Route | None = None  # the route of this process's last attempt (metrics)
+        self.observing = observers.Observing(request_id, payload)
 
     # ------------------------------------------------------------------ the chain
 
@@ -398,6 +399,8 @@ class Routing:
             self.outcome.first_token_at = time.time()
         self.outcome.text.append(text)
         self.write("delta", text=text)
+        for kind, data in self.observing.delta(text):
+            self.write(kind, **data)
 
     def begin(self, route: Route, key_id: int | None) -> None:
         if self.attempted is not None:  # a retry, on another route: a failover
@@ -524,6 +527,13 @@ def _run(request_id: str, payload: dict, writer: PipelinedStreamWriter) -> dict:
             "message": f"generation failed: {type(exc).__name__}",
             "attempts": outcome.attempts,
         }
+    if not outcome.error:
+        # What the observer found travels with the outcome; its last events precede the end.
+        events, observed = routing.observing.end()
+        for kind, data in events:
+            routing.write(kind, **data)
+        if observed is not None:
+            outcome.stats[observers.OBSERVED] = observed
     # The ledger row and the outcome go with the terminal event, atomically (billing.ledger).
     entry, row = _outbox_entry(request_id, payload, outcome)
     writer.end_with(entry)

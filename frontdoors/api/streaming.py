@@ -11,7 +11,10 @@ event leaves as it is written, and a waiting reader holds no thread. Database wo
 Authentication and the workspace are decided by ``auth.access_resolve``, as for the DRF
 views (scope ``generate``); errors have the API's one shape.
 
-Each event is ``event: <type>``, ``id: <Redis stream id>``, ``data: <JSON object>``. A client
+Each event is ``event: <type>``, ``id: <Redis stream id>``, ``data: <JSON object>``. ``delta``
+events carry the answer's verified text, sentence by sentence, the stored answer's text in
+order; ``?unverified=true`` asks for the model's own tokens instead, each marked
+``"unverified": true`` (docs/api.md). A client
 resumes after the last id it saw with ``Last-Event-ID`` (EventSource sends it when it
 reconnects) or ``?after=``. While nothing is written, a comment line (``: keep-alive``) goes
 out every ``KEEPALIVE_SECONDS``, so proxies and clients see the connection alive; after
@@ -86,13 +89,13 @@ async def _ended_at_or_before(answer_id, status_now: str, after: str) -> bool:
     return status_now == Answer.Status.FAILED and _event_order(after) >= (0, 2)
 
 
-async def _events(answer_id, after: str):
+async def _events(answer_id, after: str, *, unverified: bool = False):
     """``search.answering.answers.answer_events`` as Server-Sent Events, for ``STREAM_MAX_SECONDS`` at
     most: then the response ends and the client resumes from its last id."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + STREAM_MAX_SECONDS
     yield f"retry: {RECONNECT_MS}\n\n"
-    events = answer_events(answer_id, after=after, slice_ms=int(KEEPALIVE_SECONDS * 1000))
+    events = answer_events(answer_id, after=after, slice_ms=int(KEEPALIVE_SECONDS * 1000), raw=unverified)
     async with aclosing(events):  # closed at once when the deadline ends the response early
         async for event in events:
             if event.kind != QUIET:
@@ -118,6 +121,9 @@ async def answer_stream(request, answer_id):
                 raise invalid(name, f"{name} must be an event id such as 1700000000000-0 (or 0: from the start).")
         # EventSource's own header, when it reconnects, wins over the URL it was opened with.
         after = given["Last-Event-ID"] or given["after"] or "0"
+        unverified = request.GET.get("unverified", "false")
+        if unverified not in ("true", "false"):
+            raise invalid("unverified", f"unverified must be true or false, got {unverified!r}.")
         answers = in_workspaces(Answer, access.workspace).filter(pk=answer_id).values_list("status", flat=True)
         status_now = await sync_to_async(answers.first)()
         if status_now is None:
@@ -126,7 +132,9 @@ async def answer_stream(request, answer_id):
         return error_json(api_error_of(exc))
     if after != "0" and await _ended_at_or_before(answer_id, status_now, after):
         return HttpResponse(status=status.HTTP_204_NO_CONTENT)
-    response = StreamingHttpResponse(_events(answer_id, after), content_type="text/event-stream")
+    response = StreamingHttpResponse(
+        _events(answer_id, after, unverified=unverified == "true"), content_type="text/event-stream"
+    )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
     return response

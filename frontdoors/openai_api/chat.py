@@ -64,6 +64,9 @@ class ChatRequest:
     max_tokens: int | None
     temperature: float | None
     speculative: speculative.SpeculativeRequest
+    # The model's tokens as it writes them, before their check, each chunk marked
+    # "unverified": true; by default a stream carries the verified text only.
+    unverified_tokens: bool = False
 
 
 def _text_of(content, index: int) -> str:
@@ -168,6 +171,11 @@ def request_parse(body) -> ChatRequest:
         or not 0 <= temperature <= speculative.TEMPERATURE_MAX
     ):
         raise invalid("temperature", f"temperature must be a number from 0 to 2, got {temperature!r}")
+    unverified_tokens = body.get("unverified_tokens", False)
+    if not isinstance(unverified_tokens, bool):
+        raise invalid("unverified_tokens", f"unverified_tokens must be true or false, got {unverified_tokens!r}")
+    if unverified_tokens and not stream:
+        raise invalid("unverified_tokens", "unverified_tokens is only allowed when stream is true")
     options = speculative.parse(body)
     return ChatRequest(
         model=model.strip(),
@@ -178,6 +186,7 @@ def request_parse(body) -> ChatRequest:
         max_tokens=max_completion_tokens if max_completion_tokens is not None else max_tokens,
         temperature=speculative.temperature_for(options, temperature),
         speculative=options,
+        unverified_tokens=unverified_tokens,
     )
 
 
@@ -270,8 +279,9 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
     return Started(answer=answer, model=model, created=int(answer.created_at.timestamp()))
 
 
-async def completion_events(started: Started) -> AsyncIterator[tuple[str, dict]]:
-    """``search.answering.answers.answer_events`` as a completion needs them: ``delta``, then ``stats``
+async def completion_events(started: Started, *, unverified: bool = False) -> AsyncIterator[tuple[str, dict]]:
+    """``search.answering.answers.answer_events`` as a completion needs them: ``delta`` (the
+    verified text; the model's tokens, marked, with ``unverified``), then ``stats``
     or ``error``; ``stats`` comes once the answer is stored (its citations checked), with
     the stored answer as ``stats["answer"]`` (``search.answering.answers.answer_record``);
     ``("keepalive", {})`` after each quiet slice (and for map-reduce progress). Retry
@@ -285,6 +295,7 @@ async def completion_events(started: Started) -> AsyncIterator[tuple[str, dict]]
         # The first read knows the answer is generating (it was just started).
         generating=started.answer.status == Answer.Status.GENERATING,
         quiet_limit_s=settings.ROUTER_DEADLINE_S + limits.RESERVATION_MARGIN_S,
+        raw=unverified,
     )
     async with aclosing(events):
         async for event in events:

@@ -131,7 +131,7 @@ async def chat_completions(request):
     chat, started = await sync_to_async(_chat_start)(request)
     slot_release(request)  # what follows waits on Redis: no thread, no database connection
     completion = chat_api.ChatCompletion(started)
-    events = chat_api.completion_events(started)
+    events = chat_api.completion_events(started, unverified=chat.unverified_tokens)
     if not chat.stream:
         async with aclosing(events):
             async for kind, data in events:
@@ -197,7 +197,8 @@ async def _sse(
                 if kind == "keepalive":
                     yield b": keep-alive\n\n"
                 elif kind == "delta" and data.get("text"):
-                    yield _data(completion.chunk({"content": data["text"]}, include_usage=include_usage))
+                    marked = {"unverified": True} if data.get("unverified") else {}
+                    yield _data(completion.chunk({"content": data["text"]}, include_usage=include_usage, **marked))
                 elif kind == "stats":
                     reason = completion.finish_reason(data)
                     yield _data(completion.chunk({}, reason, include_usage=include_usage, **completion.extras(data)))

@@ -60,7 +60,7 @@ from django.utils import timezone
 from billing import ledger, limits
 from billing.limits import LimitExceeded
 from billing.models import ClientKey
-from inference import router
+from inference import observers, router
 from inference.errors import NoRouteConfigured, PoolWarming, RouteNotFound, RouteUnavailable, SpeculationUnavailable
 from inference.models import Provider, Route
 from inference.remote import trim_repetition
@@ -73,9 +73,10 @@ from ragsite.redis import redis_async_client, redis_client
 from search import analysis
 from search.answering import abstention, conversations, prompting, rewriting, wording
 from search.answering.extractive import extractive_answer
-from search.answering.verification import answer_verify
-from search.embedders import DEFAULT_EMBEDDER, embedder_languages
-from search.models import Answer, Chunk, Collection, Conversation, Workspace
+from search.answering.streaming import OUTCOME_KIND, SENTENCE, Checking, checking_of, scoring, scoring_collection
+from search.answering.verification import Verification
+from search.embedders import DEFAULT_EMBEDDER
+from search.models import Answer, Collection, Conversation, Workspace
 from search.scoping import collections_chosen
 from search.selectors import SearchError, chunk_search
 
@@ -227,24 +228,6 @@ def _answer_failed(answer: Answer, reason: str) -> None:
         logger.warning("answer %s could not be stored failed (%s)", answer.pk, reason, exc_info=True)
 
 
-def _scoring(collection: Collection | None) -> dict:
-    """The embedding model and text-search language that judge sentences against a question
-    (``abstention``, ``extractive``, ``verification``): the collection's."""
-    return {
-        "embedding_model": collection.embedding_model if collection else None,
-        "text_search_config": collection.text_search_config if collection else None,
-    }
-
-
-def _scoring_collection(collections: list[Collection] | None, language: str) -> Collection | None:
-    """The collection whose embedding model judges sentences of a question in ``language``:
-    the first whose model reads that language (a Japanese question beside an English-only
-    model's collection is judged by the multilingual one's), else the first."""
-    if not collections:
-        return None
-    return next((c for c in collections if language in embedder_languages(c.embedding_model)), collections[0])
-
-
 def _reason(exc: Exception) -> str:
     if isinstance(
         exc,
@@ -297,7 +280,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         sources = []  # a workspace without collections: nothing to retrieve, no statement sent
     answer.timings["retrieve_ms"] = _ms_since(retrieve_started)
 
-    first = _scoring_collection(collections, language)
+    first = scoring_collection(collections, language)
     if plan is None:
         return _answer_extractive(answer, sources, first, started, why=why_extractive)
     # Sources that do not answer the question are not given to a model, which would answer
@@ -308,7 +291,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         relevance = abstention.relevance(
             answer.retrieval_query,
             sources,
-            **_scoring(first),
+            **scoring(first),
         )
         answer.timings["relevance_ms"] = _ms_since(relevance_started)
         answer.stats["relevance"] = round(relevance.score, 4)
@@ -474,7 +457,7 @@ def _answer_extractive(answer: Answer, sources, collection: Collection | None, s
     extractive = extractive_answer(
         answer.retrieval_query or answer.question,
         sources,
-        **_scoring(collection),
+        **scoring(collection),
         lead=wording.said("extracted", language, why=wording.why_said(why, language)),
         language=language,
     )
@@ -540,12 +523,13 @@ def _answer_abstained(answer: Answer, sources, closest: list[dict], started: flo
 
 def _stream_stored(answer: Answer) -> None:
     """An answer stored at once (extractive, abstained) on its stream, in the protocol of a
-    generation: deltas (one per line), ``stats``, then the stored ``answer``."""
+    generation: its text (one ``sentence`` event per line: nothing here is unverified),
+    ``stats``, then the stored ``answer``."""
     try:
         writer = StreamWriter(str(answer.id))
         lines = answer.text.split("\n")
         for index, line in enumerate(lines):
-            writer.write("delta", text=line if index == len(lines) - 1 else line + "\n")
+            writer.write(SENTENCE, text=line if index == len(lines) - 1 else line + "\n")
         writer.write("stats", **answer.stats)
         writer.write("answer", **answer_record(answer))
     except redis.RedisError as exc:  # the stored answer stands; readers fall back to it
@@ -602,11 +586,6 @@ def _stream_times(request_id: str) -> tuple[float | None, float | None]:
     return first_delta, (float(last[0][0].split(b"-")[0]) if last else None)
 
 
-# Outcomes addressed to answers (``router.submit``'s ``outcome_to``): ``{"kind": OUTCOME_KIND,
-# "answer_id"}``, with ``"map": index`` for a map request of a map-reduce answer.
-OUTCOME_KIND = "answer"
-
-
 def _to_answer(answer_id) -> dict:
     return {"kind": OUTCOME_KIND, "answer_id": str(answer_id)}
 
@@ -653,7 +632,8 @@ def answer_finalize(*, answer_id, outcome: dict) -> Answer | None:
     its last event (``answer``)."""
     answer, stored_now = _finalize_stored(answer_id, _outcome_read(outcome))
     if stored_now:  # after the commit: a reader of the event finds the same answer stored
-        _stream_end(answer.pk, answer_record(answer))
+        streamed = int((answer.verification or {}).get("streamed_chars", 0))
+        _stream_end(answer.pk, answer_record(answer), unshown=answer.text[streamed:])
     return answer
 
 
@@ -687,9 +667,14 @@ def _finalize_stored(answer_id, outcome: dict) -> tuple[Answer | None, bool]:
         return answer, not error
 
 
-def _stream_end(answer_id, record: dict) -> None:
+def _stream_end(answer_id, record: dict, *, unshown: str = "") -> None:
+    """The stored answer as its stream's last event, after the verified text its stream has
+    not carried yet (``unshown``: all of it when it was replaced, declined or quoted)."""
     try:
-        StreamWriter(str(answer_id)).write("answer", **record)
+        writer = StreamWriter(str(answer_id))
+        if unshown:
+            writer.write(SENTENCE, text=unshown)
+        writer.write("answer", **record)
     except redis.RedisError as exc:  # readers find the stored answer when they look again
         logger.warning("answer %s: its stream's end not written: %s", answer_id, exc)
 
@@ -697,28 +682,26 @@ def _stream_end(answer_id, record: dict) -> None:
 def _verify(answer: Answer) -> None:
     """Check the generated text's sentences against the passages it was given (whole chunks,
     as the citations open them): invented markers removed, citations moved to the passage
-    that supports the sentence or added, unsupported sentences flagged. When nothing in it is
-    supported, or the model itself declined, the answer abstains, with the closest passages."""
-    numbers = {record["number"]: record["chunk_id"] for record in answer.sources}
-    texts = dict(Chunk.objects.filter(pk__in=numbers.values()).values_list("pk", "text"))
-    titles = {record["number"]: record.get("title") or "" for record in answer.sources}
-    # With its title first, as the prompt gives it: a chunk often names its subject only there.
-    passages = {
-        number: f"{titles[number]}\n{texts[chunk_id]}".lstrip("\n")
-        for number, chunk_id in numbers.items()
-        if chunk_id in texts
-    }
-    if not passages:
-        # No prompt sources (a map-reduce's notes only), or their chunks deleted since (the
-        # document re-ingested): nothing to check against, and no reason to call it unsupported.
-        answer.verification = {"skipped": "none of the passages given is stored any more" if numbers else "no sources"}
+    that supports the sentence or added, unsupported sentences withheld. The check made while
+    the answer streamed (``search.answering.streaming``: ``stats["observed"]``) is the one
+    kept, so that the stored text starts with what streaming clients were shown; without it
+    (no observer ran), the whole text is checked now. When nothing in it is supported, or the
+    model itself declined, the answer abstains, with the closest passages."""
+    observed = answer.stats.pop(observers.OBSERVED, None) or {}
+    checking = checking_of(answer)
+    if not isinstance(checking, Checking):
+        # Nothing to check against, and no reason to call it unsupported.
+        answer.verification = {"skipped": checking}
         return
-    collection = _scoring_collection(list(answer.collections.order_by("pk")), analysis.language_of(answer.question))
-    abstains = answer.route.abstains if answer.route is not None else True
-    # A route that abstains shows only what its sources support: its unsupported sentences are
-    # withheld (``verification.withheld``), as a streaming client never sees them.
-    verification = answer_verify(answer.text, passages, **_scoring(collection), withhold=abstains)
-    answer.verification = {**verification.as_dict(), "original_text": answer.text}
+    if "verification" in observed:
+        verification = Verification.from_dict(observed["verification"], observed["text"])
+        streamed = int(observed.get("shown", 0))
+    else:
+        verifier = checking.verifier()
+        verifier.finish(answer.text)
+        verification, streamed = verifier.result(), 0
+    collection, texts, abstains = checking.collection, checking.texts, checking.withhold
+    answer.verification = {**verification.as_dict(), "original_text": answer.text, "streamed_chars": streamed}
     answer.text, answer.grounded = verification.text, verification.grounded
     # Nothing supported: no claim supported (0), or no claim at all (None: a lead-in only).
     if abstains and not verification.grounded and not verification.declined:
@@ -756,7 +739,7 @@ def _quoted_instead(answer: Answer, texts: dict[int, str], collection: Collectio
     extractive = extractive_answer(
         answer.retrieval_query or answer.question,
         sources,
-        **_scoring(collection),
+        **scoring(collection),
         lead=wording.said("quoted", analysis.language_of(answer.question)),
         language=analysis.language_of(answer.question),
     )
@@ -952,7 +935,7 @@ def _stored_events(answer: Answer, after: str) -> list[tuple[str, str, dict]] | 
     existed), after ``after``; None while it is not finished."""
     if answer.status not in (Answer.Status.DONE, Answer.Status.FAILED):
         return None
-    events = [("0-1", "delta", {"text": answer.text})] if after < "0-1" and answer.text else []
+    events = [("0-1", SENTENCE, {"text": answer.text})] if after < "0-1" and answer.text else []
     if answer.status == Answer.Status.DONE:
         if after < "0-2":
             events.append(("0-2", "stats", dict(answer.stats)))
@@ -989,7 +972,13 @@ QUIET = "quiet"
 
 
 async def answer_events(
-    answer_id, *, after: str = "0", slice_ms: int = 15000, generating: bool = False, quiet_limit_s: float | None = None
+    answer_id,
+    *,
+    after: str = "0",
+    slice_ms: int = 15000,
+    generating: bool = False,
+    quiet_limit_s: float | None = None,
+    raw: bool = False,
 ):
     """An answer's events from ``after`` on, to its end (``answer`` or ``error``), for every
     front door (the UI's and the REST API's Server-Sent Events, the OpenAI-compatible
@@ -997,8 +986,14 @@ async def answer_events(
     ``quiet_limit_s`` of quiet in a row it ends with an ``error`` of kind ``timeout``; an
     answer deleted meanwhile ends with an ``error`` of kind ``answer_deleted``. Redis
     errors propagate (a reader reconnects from the last id). ``generating``: see
-    ``answer_stream_aread``."""
+    ``answer_stream_aread``.
+
+    Its ``delta`` events are the answer's verified text (the stream's ``sentence`` events:
+    the stored answer's text, in order, and nothing it withholds); the model's own tokens are
+    left out. ``raw``: the model's tokens instead, each ``delta`` marked ``unverified`` (an
+    answer that generated none, extractive or replayed, gives its verified text)."""
     last, quiet_s = after, 0.0
+    model_tokens = False  # (raw) the stream has carried the model's own tokens
     while True:
         events = answer_stream_aread(answer_id, after=last, block_ms=slice_ms, generating=generating)
         generating = False  # after a quiet slice the stored answer is looked at again
@@ -1006,7 +1001,15 @@ async def answer_events(
             async with aclosing(events):
                 async for event_id, kind, data in events:
                     last, quiet_s = event_id, 0.0
-                    yield AnswerEvent(kind, data, event_id)
+                    if kind == "delta":
+                        model_tokens = True
+                        if raw:
+                            yield AnswerEvent("delta", {**data, "unverified": True}, event_id)
+                    elif kind == SENTENCE:
+                        if not (raw and model_tokens):
+                            yield AnswerEvent("delta", data, event_id)
+                    else:
+                        yield AnswerEvent(kind, data, event_id)
             return
         except TimeoutError:
             quiet_s += slice_ms / 1000

@@ -113,6 +113,22 @@ class Verification:
     # ("unsupported" or "repeated"), citations, support}.
     withheld: list[dict] = field(default_factory=list)
 
+    @classmethod
+    def from_dict(cls, record: dict, text: str) -> Verification:
+        """The verification ``as_dict`` recorded, for ``text`` (what it verified to)."""
+        return cls(
+            text=text,
+            sentences=[SentenceCheck(**sentence) for sentence in record["sentences"]],
+            grounded=record["grounded"],
+            removed_markers=record["removed_markers"],
+            reattributed=record["reattributed"],
+            added=record["added"],
+            unsupported=record["unsupported"],
+            declined=record["declined"],
+            scorer=record["scorer"],
+            withheld=list(record.get("withheld", [])),
+        )
+
     def as_dict(self) -> dict:
         return {
             "sentences": [sentence.as_dict() for sentence in self.sentences],

@@ -234,8 +234,8 @@ def test_the_event_stream_keeps_alive_while_waiting_and_resumes_from_the_last_id
         client = AsyncClient()
         waiting = await read_stream(client, path, **auth)
         writer = StreamWriter(str(answer.pk))
-        first = writer.write("delta", text="Ten ")
-        writer.write("delta", text="hours [1].")
+        first = writer.write("sentence", text="Ten ")
+        writer.write("sentence", text="hours [1].")
         writer.write("stats", completion_tokens=3)
         # The stored answer, which answer_finalize writes once it has checked the citations.
         writer.write("answer", text="Ten hours [1].", grounded=1.0)

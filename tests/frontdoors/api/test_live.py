@@ -144,15 +144,21 @@ def test_upload_ingest_and_a_generated_answer_streamed_delta_by_delta(live, medi
         question = f"How long does the robot run?\nREPLY: {reply}"
         status, _, answer = call("POST", f"{live}/api/v1/answers", token, {"question": question})
         assert (status, answer["status"], answer["mode"]) == (202, "generating", "generated")
-        events = read_events(answer["stream_url"], token)
+        # The model's own tokens, asked for: each as it is written, marked unverified.
+        events = read_events(answer["stream_url"] + "?unverified=true", token)
 
         kinds = [kind for _, kind, _, _ in events]
         assert kinds == ["delta"] * (len(kinds) - 2) + ["stats", "answer"] and len(kinds) > 6
         assert "".join(data["text"] for _, kind, _, data in events if kind == "delta") == reply
+        assert all(data["unverified"] is True for _, kind, _, data in events if kind == "delta")
         # The stream ends with the stored answer, its citations checked (the reply quotes its source).
         assert (events[-1][3]["text"], events[-1][3]["grounded"]) == (reply, 1.0)
         # One token every 150 ms upstream: the events arrived spread out, as they were written.
         assert events[-2][0] - events[0][0] > 0.6
+        # By default the stream carries the verified text: the one sentence, once it was checked.
+        verified = read_events(answer["stream_url"], token)
+        assert [(kind, data.get("text")) for _, kind, _, data in verified][:1] == [("delta", reply)]
+        assert [kind for _, kind, _, _ in verified] == ["delta", "stats", "answer"]
         deadline = time.monotonic() + 30
         while (stored := call("GET", answer["url"], token)[2])["status"] == "generating":
             assert time.monotonic() < deadline

@@ -9,12 +9,15 @@ OpenAI-protocol stand-in with ``remote`` and ``default`` workers.
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 import uuid
 
 import numpy as np
 import openai
 import pytest
+from langchain_openai import ChatOpenAI
 
 from billing import client_keys, ledger
 from billing.models import UsageRecord
@@ -283,7 +286,8 @@ def test_a_generation_streams_with_usage_and_speculative_options_choose_and_neve
         chunks = list(stream)
         streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
         assert streamed == CITED == wait_done(chunks[0].id.removeprefix("chatcmpl-")).text
-        assert len([chunk for chunk in chunks if chunk.choices and chunk.choices[0].delta.content]) == 5
+        # One verified sentence, sent once it was complete and checked.
+        assert len([chunk for chunk in chunks if chunk.choices and chunk.choices[0].delta.content]) == 1
         assert chunks[-2].choices[0].finish_reason == "stop"
         assert chunks[-2].speculative is None
         # No endpoint of the model proposes 6 tokens a step, or runs without speculation: 400, nothing sent.
@@ -404,3 +408,82 @@ def test_a_gpu_pool_reports_its_engines_figures_and_options_choose_between_pools
     ledger.usage_records_store()
     assert UsageRecord.objects.get(request_id=answer_of(asked.id).pk).provider_id == speculating.pk
     assert UsageRecord.objects.get(request_id=answer_of(off.id).pk).provider_id == plain.pk
+
+
+# --------------------------------------------------------------------------- verified while streaming
+
+# Replies the stand-in writes (a question's "REPLY: ..."), over the module's three documents:
+# supported sentences, a number nothing supports, a lead-in, a loop, a wrong citation, a listing
+# (one line each: the stand-in reads its reply from one line).
+REPLIES = [
+    "Charging takes 90 minutes [1].",
+    "Here is what I found: charging takes 90 minutes [1].",
+    "Charging takes 90 minutes [1]. The robot weighs 900 kg [1].",
+    "The robot weighs 900 kg [1]. Charging takes 90 minutes [1].",
+    "The Atlas-7 warehouse robot runs for 10 hours on one battery charge [1]. Charging takes 90 minutes.",
+    "Charging takes 90 minutes [1]. Charging takes 90 minutes [1]. Charging takes 90 minutes [1].",
+    "Sure! Charging takes 90 minutes [1]. The robot flies at 300 km/h [1]. It runs for 10 hours [1].",
+    "Charging takes 90 minutes. [1] [7] Sources: robot.md",
+    "The sources do not say how much the robot weighs.",
+    "The robot is painted green and sings [1].",
+    "Lift rises with the angle of attack until the wing stalls [1]. Charging takes 90 minutes [1].",
+]
+UNSUPPORTED = ["900 kg", "300 km/h", "painted green", "Sources: robot.md"]
+
+
+def rest_deltas(site: str, token: str, answer_id) -> list[str]:
+    """The texts of the ``delta`` events of ``GET /api/v1/answers/<id>/stream``, to its end."""
+    request = urllib.request.Request(
+        f"{site}/api/v1/answers/{answer_id}/stream", headers={"Authorization": f"Bearer {token}"}
+    )
+    texts, kind = [], None
+    with urllib.request.urlopen(request, timeout=60) as response:
+        for raw in response:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("data: ") and kind == "delta":
+                texts.append(json.loads(line.removeprefix("data: "))["text"])
+            elif line.startswith("data: ") and kind in ("answer", "error"):
+                break
+    return texts
+
+
+@pytest.mark.slow
+def test_a_streamed_answer_is_the_stored_answer_and_never_shows_what_its_check_withheld(
+    site, workspace, upstream_server, start_worker
+):
+    """For each reply: the text a streaming client assembles (the official SDK and LangChain's
+    ChatOpenAI, chunk by chunk; the REST API's Server-Sent Events) equals the non-streamed
+    completion and the stored answer, and nothing the check withheld reaches it; asked for, the
+    model's own tokens come marked unverified."""
+    remote_route(upstream_server)
+    token = key_for(workspace, "generate")
+    client = client_for(site, token)
+    langchain = ChatOpenAI(model="default", base_url=f"{site}/v1", api_key=token, max_retries=0, timeout=60)
+    with start_worker(["remote"], pool="threads"), start_worker(["default"]):
+        for reply in REPLIES:
+            messages = [{"role": "user", "content": f"How long does charging take?\nREPLY: {reply}"}]
+            whole = client.chat.completions.create(model="default", messages=messages)
+            chunks = list(client.chat.completions.create(model="default", messages=messages, stream=True))
+            streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+            stored = wait_done(chunks[0].id.removeprefix("chatcmpl-"))
+            assert streamed == whole.choices[0].message.content == stored.text, reply
+            assert stored.verification["original_text"] == reply
+            # The REST API's Server-Sent Events carry the same text, and so does LangChain's client.
+            assert "".join(rest_deltas(site, token, stored.pk)) == stored.text, reply
+            assert "".join(chunk.content for chunk in langchain.stream(messages)) == stored.text, reply
+            for phrase in UNSUPPORTED:
+                assert phrase not in streamed, (reply, streamed)
+            assert not any(getattr(chunk, "unverified", False) for chunk in chunks)
+        raw = list(
+            client.chat.completions.create(
+                model="default", messages=messages, stream=True, extra_body={"unverified_tokens": True}
+            )
+        )
+        tokens = [chunk for chunk in raw if chunk.choices and chunk.choices[0].delta.content]
+        assert "".join(chunk.choices[0].delta.content for chunk in tokens) == REPLIES[-1]
+        assert all(chunk.unverified is True for chunk in tokens)
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="default", messages=messages, extra_body={"unverified_tokens": True})
+        assert caught.value.param == "unverified_tokens"

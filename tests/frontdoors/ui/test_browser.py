@@ -148,7 +148,7 @@ def test_log_in_upload_search_ask_and_open_a_citation(browser, start_web, start_
             sources=[{"number": 1, "chunk_id": chunk.pk, "document_id": chunk.document_id, "title": "Atlas-7 robot"}],
         )
         writer = StreamWriter(str(pending.id))
-        writer.write("delta", text="Ten hours [")  # a citation split across two deltas
+        writer.write("sentence", text="Ten hours [")  # a citation split across two deltas
         browser.get(f"{base_url}/answers/{pending.pk}/")
         text = browser.find_element(By.CSS_SELECTOR, "[data-answer-text]")
 
@@ -156,12 +156,12 @@ def test_log_in_upload_search_ask_and_open_a_citation(browser, start_web, start_
             return text.get_attribute("textContent")
 
         wait_until(browser, lambda _: shown_text() == "Ten hours ")  # the open bracket waits for the rest
-        writer.write("delta", text="1], then more")
+        writer.write("sentence", text="1], then more")
         wait_until(browser, lambda _: shown_text() == "Ten hours [1], then more")
         assert text.find_element(By.CSS_SELECTOR, "a.cite").get_attribute("href").endswith(f"/passages/{chunk.pk}/")
         browser.find_element(By.CSS_SELECTOR, "[data-answer-stop]").click()
         assert browser.find_element(By.CSS_SELECTOR, "[data-answer-status]").text == "Stopped."
-        writer.write("delta", text=" that nobody reads.")
+        writer.write("sentence", text=" that nobody reads.")
         time.sleep(0.5)
         assert shown_text() == "Ten hours [1], then more"
         # The whole walk ran under the content security policy (ragsite/settings.py) with no

@@ -58,7 +58,7 @@ def test_events_arrive_as_they_are_written_and_resume_after_the_last_id(start_we
     ann, bob = member("ann", acme), member("bob", globex)
     answer = Answer.objects.create(workspace=acme, asker=ann, question="Lift?", status=Answer.Status.GENERATING)
     writer = StreamWriter(str(answer.id))
-    first_id = writer.write("delta", text="Lift rises ")
+    first_id = writer.write("sentence", text="Lift rises ")
 
     with start_web() as base_url:
         url = f"{base_url}/answers/{answer.pk}/events/"
@@ -67,7 +67,7 @@ def test_events_arrive_as_they_are_written_and_resume_after_the_last_id(start_we
             assert next_event(response) == {"retry": "3000"}
             assert next_event(response) == {"id": first_id, "event": "delta", "data": {"text": "Lift rises "}}
             # The connection is open and idle; what is written now arrives now.
-            second_id = writer.write("delta", text="with the angle [1].")
+            second_id = writer.write("sentence", text="with the angle [1].")
             assert next_event(response) == {"id": second_id, "event": "delta", "data": {"text": "with the angle [1]."}}
             writer.write("progress", stage="map", done=1, total=2)
             assert next_event(response)["event"] == "progress"

@@ -90,7 +90,13 @@ def read_stream(answer: Answer, timeout: float = 120) -> list[tuple[str, str, di
 
 
 def deltas(events) -> str:
+    """The model's text as it generated it (the stream's ``delta`` events)."""
     return "".join(data["text"] for _, kind, data in events if kind == "delta")
+
+
+def shown(events) -> str:
+    """The verified text the stream carried (its ``sentence`` events): what a reader is shown."""
+    return "".join(data["text"] for _, kind, data in events if kind == "sentence")
 
 
 def hits_for(workspace, question: str, top_k: int = 8):
@@ -459,9 +465,9 @@ def test_without_a_route_the_answer_is_extractive_streamed_and_done_at_once(corp
     assert set(answer.timings) == {"retrieve_ms", "prompt_ms", "total_ms"}
 
     events = read_stream(answer)
-    # The generation protocol, then the stored answer that readers end with.
-    assert [kind for _, kind, _ in events] == ["delta"] * len(lines) + ["stats", "answer"]
-    assert deltas(events) == answer.text
+    # The generation protocol (nothing here is unverified: sentences only), then the stored answer.
+    assert [kind for _, kind, _ in events] == ["sentence"] * len(lines) + ["stats", "answer"]
+    assert shown(events) == answer.text
     assert events[-2][2] == answer.stats
     assert events[-1][2] == answers.answer_record(answer)
     assert (answer.abstained, answer.grounded) == (False, 1.0)
@@ -537,6 +543,7 @@ def test_an_answer_end_to_end_on_a_gpu_pool(workers, corpus, asker, ngram_pool):
     # The stream has the text as generated; the stored answer is that text with its citations
     # checked (markers naming no source removed, citations moved or added where a passage supports a sentence).
     assert stored.verification["original_text"] == deltas(events) != ""
+    assert shown(events) == stored.text  # what a reader was shown, sentence by sentence, is what is stored
     assert events[-1][2] == answers.answer_record(stored)
     assert not stored.abstained
     hits = hits_for(workspace, question)
@@ -580,6 +587,7 @@ def test_an_answer_end_to_end_on_an_openai_compatible_upstream_with_citations(wo
 
     assert stored.status == Answer.Status.DONE, stored.error
     assert deltas(events) == stored.verification["original_text"] == CITED
+    assert shown(events) == stored.text
     # [9] names no source (the prompt gave three): the check took it out of the stored text,
     # and each sentence is supported by the passage it cites.
     assert stored.text == VERIFIED
@@ -648,6 +656,7 @@ def test_a_misattributed_sentence_is_reattributed_and_an_unsupported_one_withhel
     files = _files_by_number(stored)
     assert (files[1], files[2]) == ("heat.md", "wing.md")
     assert deltas(events) == stored.verification["original_text"] == reply
+    assert shown(events) == stored.text
     # The first sentence is the heat passage's, not the wing's: its marker moves there. Nothing
     # supports the second: it is withheld from the answer, and kept, with why, in its verification.
     assert stored.text == "Heat flux at the nose of a blunt body is given by the stagnation point formula [1]."
@@ -715,6 +724,8 @@ def test_a_generated_answer_that_nothing_supports_is_answered_with_the_sources_o
     assert [c["number"] for c in stored.citations][:1] == [wing]
     assert stored.verification["original_text"] == deltas(events) == reply
     assert (stored.verification["replaced_by"], stored.verification["sentences"]) == ("extractive", [])
+    # Nothing the model said was shown: the quoted sentences came whole, with the stored answer.
+    assert shown(events) == stored.text and stored.verification["streamed_chars"] == 0
     assert stored.stats["quoted_instead"]["why"] == "nothing in the model's answer was supported by its sources"
     assert events[-1][2] == answers.answer_record(stored)
     # What the model generated is billed all the same.
@@ -973,7 +984,7 @@ def test_a_source_larger_than_the_window_is_answered_by_map_reduce(workers, db, 
     stored = wait_for_answer(answer.pk)
 
     assert stored.status == Answer.Status.DONE, stored.error
-    assert stored.text == deltas(events) == reply
+    assert stored.text == deltas(events) == reply == shown(events)
     # Progress while the maps ran (the collects may finish in any order: the counts still
     # rise one by one), then the reduce's own generation.
     progress = [(data["stage"], data["done"], data["total"]) for _, kind, data in events if kind == "progress"]

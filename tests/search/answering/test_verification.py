@@ -528,12 +528,22 @@ STREAMED_ANSWERS = [
 
 
 @pytest.mark.parametrize("answer", STREAMED_ANSWERS)
+def _decisions(result) -> list[tuple]:
+    """What was decided of each sentence, its score to 0.001: claims embedded one at a time or
+    together differ in the fourth decimal, never in what is decided."""
+    shown = [(c.start, c.end, c.citations, c.action, round(c.support, 3)) for c in result.sentences]
+    left_out = [
+        (w["position"], w["text"], w["citations"], w["action"], round(w["support"], 3)) for w in result.withheld
+    ]
+    return [shown, left_out, result.grounded]
+
+
 def test_a_streamed_answer_shows_exactly_the_verified_text_whatever_its_pieces(answer):
     whole = verify(answer)
     for pieces in ([1], [3, 1, 7], [16], [len(answer)]):
         shown, result = _streamed(answer, PASSAGES, pieces)
-        assert result.text == whole.text and result.sentences == whole.sentences, pieces
-        assert result.withheld == whole.withheld and result.grounded == whole.grounded, pieces
+        assert result.text == whole.text, pieces
+        assert _decisions(result) == _decisions(whole), pieces
         if result.grounded:  # something supported: all of it was shown, as it is stored
             assert shown == whole.text, pieces
         else:  # nothing supported: nothing shown (the stored answer replaces it as a whole)
