@@ -540,7 +540,10 @@ def _run(request_id: str, payload: dict, writer: PipelinedStreamWriter) -> dict:
     if outcome.error:
         routing.write("error", **outcome.error)
     else:
-        routing.write("stats", **{**outcome.stats, "attempts": outcome.attempts})
+        # What the observer found is for whoever stores the outcome, not for the stream's readers
+        # (it names what the check withheld).
+        shown = {key: value for key, value in outcome.stats.items() if key != observers.OBSERVED}
+        routing.write("stats", **{**shown, "attempts": outcome.attempts})
     metrics.generation_observed(row)
     return outcome.result(request_id, payload)
 

@@ -8,6 +8,7 @@ message; the question is the last thing in it, so a question can carry the reply
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -657,6 +658,8 @@ def test_a_misattributed_sentence_is_reattributed_and_an_unsupported_one_withhel
     assert (files[1], files[2]) == ("heat.md", "wing.md")
     assert deltas(events) == stored.verification["original_text"] == reply
     assert shown(events) == stored.text
+    # What the check withheld reaches no reader: not in the text, nor in the stream's stats.
+    assert all("painted blue" not in json.dumps(data) for _, kind, data in events if kind != "delta")
     # The first sentence is the heat passage's, not the wing's: its marker moves there. Nothing
     # supports the second: it is withheld from the answer, and kept, with why, in its verification.
     assert stored.text == "Heat flux at the nose of a blunt body is given by the stagnation point formula [1]."
