@@ -43,10 +43,6 @@ BENCHMARKS = {
             "ledger",
         ],
     ),
-    "verified_stream": (
-        "--requests 2 --warmup 1 --token-delay-ms 5".split(),
-        ["first_token_p50_ms", "first_verified_p50_ms", "verified_over_token_p50", "first_sentence_tokens"],
-    ),
     "load": (
         "--levels 1 --level-seconds 2 --settle-seconds 0.5 --docs 4 --keys 2 --queries 3".split(),
         ["scenarios", "peak_ok_rps"],

@@ -414,6 +414,7 @@ ROUTES: dict[str, Probe] = {
     "documents/": ui_list("/documents/", lambda tenant: tenant.documents[0].title),
     "documents/list/": ui_list("/documents/list/", lambda tenant: tenant.documents[0].title),
     "documents/upload/": ui_upload,
+    "documents/<int:document_id>/file/": ui_not_found("GET"),
     "documents/<int:document_id>/retry/": ui_not_found("POST"),
     "documents/<int:document_id>/delete/": ui_not_found("POST"),
     "workspace/": ui_workspace,

@@ -527,7 +527,6 @@ STREAMED_ANSWERS = [
 ]
 
 
-@pytest.mark.parametrize("answer", STREAMED_ANSWERS)
 def _decisions(result) -> list[tuple]:
     """What was decided of each sentence, its score to 0.001: claims embedded one at a time or
     together differ in the fourth decimal, never in what is decided."""
@@ -538,6 +537,7 @@ def _decisions(result) -> list[tuple]:
     return [shown, left_out, result.grounded]
 
 
+@pytest.mark.parametrize("answer", STREAMED_ANSWERS)
 def test_a_streamed_answer_shows_exactly_the_verified_text_whatever_its_pieces(answer):
     whole = verify(answer)
     for pieces in ([1], [3, 1, 7], [16], [len(answer)]):
