@@ -14,7 +14,11 @@ question, not on a count (``max_sentences`` at most):
 - else the best sentence, then others, best first, only while they hold question terms that no
   quoted sentence (nor its heading) holds yet, score within ``CLOSE_TO_BEST`` of the best and
   would pass for an answer alone;
-- with either, the next sentence under the same heading when it scores within ``SIBLING_CLOSE``.
+- with either, the next sentence under the same heading when it scores within ``SIBLING_CLOSE``;
+- a sentence of a short list item is quoted with the rest of its item (``Unit.item``);
+- a question that names a document and nothing in it ("Tell me about the travel policy") gets
+  the document's opening sentences (``_document_lead``); one that asks for the latest, only
+  sentences of the newest dated document among the sources (``_not_latest``).
 
 When ``search.answering.abstention`` finds that the sources do not answer the question, nothing is quoted:
 the answer says so (``NOT_ANSWERED``) and lists the closest passages by title and ``[n]``.
@@ -124,11 +128,11 @@ def extractive_answer(
     threshold = abstain_below(scored.embedding_model, lexical_only=relevance.lexical_only)
     # What each unit's place costs it: RANK_PENALTY per rank of its source, and everything
     # when the question asks for the latest and its document is not (``_not_latest``).
-    ranks = RANK_PENALTY * np.array([unit.number - 1 for unit in scored.units], dtype=np.float64)
+    place_costs = RANK_PENALTY * np.array([unit.number - 1 for unit in scored.units], dtype=np.float64)
     if analysis.asks_for_latest(question):
-        ranks = ranks + np.where(_not_latest(scored), np.inf, 0.0)
-    chosen = _choose(scored, ranks, threshold, max(max_sentences, 1))
-    scores = scored.whole.ranking - ranks
+        place_costs = place_costs + np.where(_not_latest(scored), np.inf, 0.0)
+    chosen = _choose(scored, place_costs, threshold, max(max_sentences, 1))
+    scores = scored.whole.ranking - place_costs
     extracts: list[Extract] = []
     for i in chosen:
         quoted = _quoted(scored.units[i])
@@ -176,7 +180,7 @@ def _document_lead(scored: Scored, limit: int) -> list[int]:
     return sorted(opening, key=lambda i: (starts[scored.units[i].number], i))[: min(limit, LEAD_SENTENCES)]
 
 
-def _choose(scored: Scored, ranks: np.ndarray, threshold: float, limit: int) -> list[int]:
+def _choose(scored: Scored, place_costs: np.ndarray, threshold: float, limit: int) -> list[int]:
     """The units to quote, in the order they are quoted."""
     lead = _document_lead(scored, limit)
     if lead:
@@ -189,14 +193,14 @@ def _choose(scored: Scored, ranks: np.ndarray, threshold: float, limit: int) -> 
         for part in scored.parts:
             if part.best < threshold - PART_MARGIN:
                 continue
-            for index in _best_with_siblings(scored, part, ranks):
+            for index in _best_with_siblings(scored, part, place_costs):
                 if index not in chosen and len(chosen) < limit:
                     chosen.append(index)
         if chosen:
             return chosen
     whole = scored.whole
-    scores = whole.ranking - ranks
-    chosen = _best_with_siblings(scored, whole, ranks)[:limit]
+    scores = whole.ranking - place_costs
+    chosen = _best_with_siblings(scored, whole, place_costs)[:limit]
     covered = set().union(*(whole.held[i] | whole.context_held[i] for i in chosen))
     for index in sorted(range(len(scores)), key=lambda i: (-scores[i], i)):
         if len(chosen) >= limit or scores[index] < scores[chosen[0]] - CLOSE_TO_BEST:
@@ -209,10 +213,10 @@ def _choose(scored: Scored, ranks: np.ndarray, threshold: float, limit: int) -> 
     return chosen
 
 
-def _best_with_siblings(scored: Scored, against: Against, ranks: np.ndarray) -> list[int]:
+def _best_with_siblings(scored: Scored, against: Against, place_costs: np.ndarray) -> list[int]:
     """The best unit for a question, and the next one if it stands under the same heading and
     scores nearly as well; in the sources' order."""
-    scores = against.ranking - ranks
+    scores = against.ranking - place_costs
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
     best = order[0]
     chosen = [best]
