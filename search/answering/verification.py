@@ -713,8 +713,8 @@ class PassageSet:
 
     def table(self, claims: list[str]) -> SupportTable:
         """The claims scored against every passage: one lexeme query (the passages' too, the
-        first time), one embedding call for the claims (and one for the passages' sentences
-        not cached yet, the first time)."""
+        first time), one embedding call per claim (and one for the passages' sentences not
+        cached yet, the first time)."""
         if not claims or not self.texts:
             return SupportTable(dense=None, overlaps=[[] for _ in claims], claims=[], passages=[])
         contents = [_content(text) for text in claims]
@@ -741,7 +741,12 @@ class PassageSet:
         if self.embeddings_failed:
             return None
         try:
-            vectors = _normalised(embedder_get(self.embedding_model).embed_documents(claims))
+            # One claim at a time: a batch pads its texts to the longest, and its vectors differ from
+            # a lone text's in the fourth decimal. A claim's score must not depend on which others
+            # its piece of the stream completed with it: the same answer verifies the same way
+            # however it arrives.
+            embedder = embedder_get(self.embedding_model)
+            vectors = _normalised(np.concatenate([embedder.embed_documents([claim]) for claim in claims]))
             if self.vectors is None:
                 # Passage sentences recur from answer to answer: theirs are cached.
                 flat = [unit for group in self.units for unit in group]
