@@ -11,6 +11,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -49,6 +50,18 @@ def server_url() -> str:
 def with_database(url: str, name: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+@contextlib.contextmanager
+def logs_folder(prefix: str, *, keep: bool):
+    """The logs of a benchmark's processes: a temporary folder, kept (and named on stderr) with ``keep``."""
+    if keep:
+        folder = tempfile.mkdtemp(prefix=prefix)
+        print(f"the processes' logs: {folder}", file=sys.stderr)
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        yield folder
 
 
 @contextlib.contextmanager

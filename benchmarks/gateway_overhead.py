@@ -66,16 +66,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from decimal import Decimal
 from pathlib import Path
 
-from benchmarks.common import own_databases, percentile, report, system_start
+from benchmarks.common import logs_folder, own_databases, percentile, report, system_start
 
 DATABASE = "ragsite_bench_gateway"
 REDIS_DB = 10
@@ -114,22 +112,10 @@ def main() -> None:
     with (
         own_databases(DATABASE, REDIS_DB, keep=args.keep),
         serving() as upstream,
-        _logs_folder(keep=args.keep) as folder,
+        logs_folder("bench-gateway-", keep=args.keep) as folder,
     ):
         result = run(args, upstream, Path(folder))
     report("gateway_overhead", result)
-
-
-@contextlib.contextmanager
-def _logs_folder(*, keep: bool):
-    """The processes' logs: a temporary folder, kept (and named) with ``--keep``."""
-    if keep:
-        folder = tempfile.mkdtemp(prefix="bench-gateway-")
-        print(f"the processes' logs: {folder}", file=sys.stderr)
-        yield folder
-        return
-    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as folder:
-        yield folder
 
 
 def _upstream_route(name: str, upstream: str, *, default: bool):

@@ -29,14 +29,11 @@ database 11, emptied first.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from benchmarks.common import own_databases, percentile, report, system_start
+from benchmarks.common import logs_folder, own_databases, percentile, report, system_start
 
 DATABASE = "ragsite_bench_verified"
 REDIS_DB = 11
@@ -62,20 +59,13 @@ def main() -> None:
 
     from tests.upstream_server import serving
 
-    with own_databases(DATABASE, REDIS_DB, keep=args.keep), serving() as upstream, _logs(args.keep) as folder:
+    with (
+        own_databases(DATABASE, REDIS_DB, keep=args.keep),
+        serving() as upstream,
+        logs_folder("bench-verified-", keep=args.keep) as folder,
+    ):
         result = run(args, upstream, Path(folder))
     report("verified_stream", result)
-
-
-@contextlib.contextmanager
-def _logs(keep: bool):
-    if keep:
-        folder = tempfile.mkdtemp(prefix="bench-verified-")
-        print(f"the processes' logs: {folder}", file=sys.stderr)
-        yield folder
-        return
-    with tempfile.TemporaryDirectory(prefix="bench-verified-") as folder:
-        yield folder
 
 
 def run(args, upstream: str, folder: Path) -> dict:
