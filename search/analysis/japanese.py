@@ -35,6 +35,12 @@ QUESTION_TERMS = frozenset(
     + "知れる 行く 良い".split()
     # "The latest" is answered by a document's date (search.selectors), not by its words.
     + "最新 直近 最近".split()
+    # How people ask in conversation rather than what they ask about: auxiliaries (なくしてしまい
+    # ました: 仕舞う; 欲しい), formal nouns (こと, もの, とき, ほう, ため, よう, はず, わけ) and
+    # adverbs of tone (すぐ, ふつう, だいたい, ちょっと, もう, まだ, ついでに, それぞれ).
+    + "仕舞う 欲しい 事 物 時 方 為 様 筈 訳 所 序で 直ぐ 普通 大体 一寸 もう 未だ 結構 本当 其々 具体".split()
+    # Degree: 最も大きかった, 一番売れた ask for the top one; the answer says 最大, 首位, 1位.
+    + "最も 一番".split()
 )
 # Text goes to MeCab in pieces of at most this many characters: its lattice grows with the
 # input, and a document of 100 KB without a line break must not hold it all at once.

@@ -26,6 +26,19 @@ any listed answer, and its source is right when it cites ``doc``. Beside a BEIR 
 (``corpus.jsonl`` in the same folder) the corpus is ingested into the workspace first, as
 ``eval_retrieval`` does. Text is compared after NFKC (full-width and half-width forms alike).
 ``--half even|odd`` asks every other question only: tune on one half, report on the other.
+
+``--removed-source`` asks each answerable question a second time with its own source documents
+left out of retrieval (``answer_create(documents_excluded=...)``), the rest of the collection
+kept: a plausible unanswerable question built from data nobody wrote for it (its neighbours
+from the same article or handbook stay, and look as if they answer). Only a question whose
+answer no other searched document holds counts (``removed_source_questions``; the others are
+``removed_source_skipped``: the answer may still be there, and declining it would be wrong);
+``removed_source_declined`` is the share of those the answer declined.
+
+``--halves`` asks both halves and ``--held-out FILE`` a second file; either way the last line
+is ``{"tuned": ..., "held_out": ..., "gap": ...}``: the even half (or FILE) is what the rules
+were tuned on, the odd half (or the held-out file) what nobody tuned for, and ``gap`` is
+held-out less tuned for each share (docs/answers.md, "Questions nobody tuned for").
 """
 
 from __future__ import annotations
@@ -44,10 +57,19 @@ from search import bulk_load as bulk
 from search.answering.answers import answer_create
 from search.answering.prompting import citation_markers
 from search.beir import is_beir_dir
-from search.models import Answer, Collection, Document, Workspace
+from search.models import Answer, Chunk, Collection, Document, Workspace
 from search.services import workspace_create
 
 KINDS = ("single", "two_facts", "two_documents", "unanswerable")
+# The shares a held-out set is compared on with its tuned one (``gap``: held-out less tuned).
+COMPARED = (
+    "correct",
+    "right_source",
+    "citation_validity",
+    "unanswerable_declined",
+    "answerable_declined",
+    "removed_source_declined",
+)
 
 
 def qa_read(path: Path) -> list[dict]:
@@ -159,6 +181,7 @@ def summarise(verdicts: list[dict], model: str) -> dict:
     unanswerable = [v for v in verdicts if v["kind"] == "unanswerable"]
     latencies = [v["total_ms"] for v in verdicts if v["total_ms"] is not None]
     speculative = [v["speculative"] for v in verdicts if v["speculative"]]
+    removed = [v["removed_source_abstained"] for v in answerable if v.get("removed_source_abstained") is not None]
     summary = {"model": model, "questions": len(verdicts), "answerable": len(answerable)}
     for name in ("", "unverified_"):
         markers = sum(v[f"{name}markers"] for v in verdicts)
@@ -171,6 +194,15 @@ def summarise(verdicts: list[dict], model: str) -> dict:
         {
             "unanswerable_declined": _share([v["abstained"] for v in unanswerable]),
             "answerable_declined": _share([v["abstained"] for v in answerable]),
+            **(
+                {
+                    "removed_source_questions": len(removed),
+                    "removed_source_declined": _share(removed),
+                    "removed_source_skipped": sum(v.get("removed_source_skipped", False) for v in answerable),
+                }
+                if any("removed_source_abstained" in v for v in answerable)
+                else {}
+            ),
             "grounded": _mean([v["grounded"] for v in verdicts if v["grounded"] is not None]),
             "failed": sum(v["status"] != Answer.Status.DONE for v in verdicts),
             # Generated answers with nothing supported, answered with the sources' sentences.
@@ -207,14 +239,32 @@ class Command(DatabaseCommand):
             default=None,
             help="Every other question: the 0th, 2nd... or the 1st, 3rd...",
         )
+        parser.add_argument(
+            "--removed-source",
+            action="store_true",
+            help="Ask each answerable question again with its own source documents left out: it should decline.",
+        )
+        compared = parser.add_mutually_exclusive_group()
+        compared.add_argument(
+            "--halves", action="store_true", help="Ask both halves: the even one tuned on, the odd one held out."
+        )
+        compared.add_argument(
+            "--held-out", type=Path, default=None, help="A second QA file nobody tuned for, reported beside FILE."
+        )
 
     def handle(self, *args, **options):
-        if not options["file"].is_file():
-            raise CommandError(f"{options['file']} is not a file")
+        for path in (options["file"], options["held_out"]):
+            if path is not None and not path.is_file():
+                raise CommandError(f"{path} is not a file")
+        if options["half"] and (options["halves"] or options["held_out"]):
+            raise CommandError("--half asks one half; --halves and --held-out compare two sets")
         items = qa_read(options["file"])
+        held_out = qa_read(options["held_out"]) if options["held_out"] else None
         if options["half"]:
             items = items[(options["half"] == "odd") :: 2]
-        items = items[: options["limit"]]
+        elif options["halves"]:
+            items, held_out = items[0::2], items[1::2]
+        limit = options["limit"]
         corpus = options["file"].parent
         if is_beir_dir(corpus):  # a reading-comprehension set beside its corpus: asked over it
             workspace = workspace_create(name=options["workspace"].title(), slug=options["workspace"])
@@ -228,37 +278,90 @@ class Command(DatabaseCommand):
             collections = list(Collection.objects.filter(workspace=workspace, name__in=options["collection"]))
             if len(collections) != len(set(options["collection"])):
                 raise CommandError(f"not every collection of {options['collection']} is in {workspace.slug!r}")
-        # A document is named by its file, or a BEIR corpus's by its id there.
-        files = {
-            pk: (metadata.get("beir_ids") or [name])[0]
-            for pk, name, metadata in Document.objects.filter(collection__workspace=workspace).values_list(
-                "id", "source_name", "metadata"
-            )
+        asking = _Asking(self, workspace, collections, options["route"], options["timeout"], options["removed_source"])
+        if held_out is None:
+            self.stdout.write(json.dumps(asking.summary(items[:limit]), ensure_ascii=False))
+            return
+        tuned = asking.summary(items[:limit])
+        self.stdout.write(json.dumps({"tuned": tuned}, ensure_ascii=False))
+        held = asking.summary(held_out[:limit])
+        self.stdout.write(json.dumps({"held_out": held}, ensure_ascii=False))
+        gap = {
+            key: round(held[key] - tuned[key], 4)
+            for key in COMPARED
+            if isinstance(tuned.get(key), float | int) and isinstance(held.get(key), float | int)
         }
-        verdicts, models = [], set()
-        for item in items:
-            answer = answer_create(
-                workspace=workspace, question=item["question"], collections=collections, route_name=options["route"]
-            )
-            answer = self._wait(answer, options["timeout"])
-            if answer.route_id:  # one that abstained before any generation has no route
-                models.add(answer.route.provider.model)
-            elif answer.mode == Answer.Mode.EXTRACTIVE:
-                models.add("extractive")
-            verdict = judge(item, answer, files)
-            verdicts.append(verdict)
-            flags = " ".join(
-                f"{key}={verdict[key]}" for key in ("correct", "right_source", "abstained", "grounded", "finish_reason")
-            )
-            self.stdout.write(f"{item['id']} {verdict['mode']} {verdict['total_ms']} ms {flags}")
-        self.stdout.write(json.dumps(summarise(verdicts, ", ".join(sorted(models))), ensure_ascii=False))
+        self.stdout.write(json.dumps({"tuned": tuned, "held_out": held, "gap": gap}, ensure_ascii=False))
 
-    @staticmethod
-    def _wait(answer: Answer, timeout: float) -> Answer:
-        deadline = time.monotonic() + timeout
-        while answer.status not in (Answer.Status.DONE, Answer.Status.FAILED):
-            if time.monotonic() > deadline:
-                raise CommandError(f"answer {answer.pk} to {answer.question!r} not finished after {timeout:g} s")
-            time.sleep(0.25)
-            answer.refresh_from_db()
+
+def _wait(answer: Answer, timeout: float) -> Answer:
+    deadline = time.monotonic() + timeout
+    while answer.status not in (Answer.Status.DONE, Answer.Status.FAILED):
+        if time.monotonic() > deadline:
+            raise CommandError(f"answer {answer.pk} to {answer.question!r} not finished after {timeout:g} s")
+        time.sleep(0.25)
+        answer.refresh_from_db()
+    return answer
+
+
+def holds_answer(item: dict, text: str) -> bool:
+    """Whether ``text`` (NFKC) holds the item's answer: any listed answer, or every pattern."""
+    if "answers" in item:
+        return any(_nfkc(answer) in text for answer in item["answers"])
+    return bool(item["patterns"]) and all(pattern.search(text) for pattern in item["patterns"])
+
+
+class _Asking:
+    """Asks questions of one workspace through the answer path and judges them."""
+
+    def __init__(self, command, workspace, collections, route, timeout, removed_source):
+        self.command, self.workspace, self.collections = command, workspace, collections
+        self.route, self.timeout, self.removed_source = route, timeout, removed_source
+        documents = Document.objects.filter(collection__workspace=workspace)
+        if collections is not None:
+            documents = documents.filter(collection__in=collections)
+        # A document is named by its file, or a BEIR corpus's by its id there.
+        self.files = {
+            pk: (metadata.get("beir_ids") or [name])[0]
+            for pk, name, metadata in documents.values_list("id", "source_name", "metadata")
+        }
+        self.texts: dict[int, str] = {}
+        if removed_source:  # each document's text as its chunks hold it (overlaps do no harm)
+            for document_id, text in Chunk.objects.filter(document__in=documents).values_list("document_id", "text"):
+                self.texts[document_id] = self.texts.get(document_id, "") + "\n" + _nfkc(text)
+        self.models: set[str] = set()
+
+    def summary(self, items: list[dict]) -> dict:
+        verdicts = [self.verdict(item) for item in items]
+        return summarise(verdicts, ", ".join(sorted(self.models)))
+
+    def ask(self, item: dict, documents_excluded: list[int]) -> Answer:
+        answer = answer_create(
+            workspace=self.workspace,
+            question=item["question"],
+            collections=self.collections,
+            route_name=self.route,
+            documents_excluded=documents_excluded,
+        )
+        answer = _wait(answer, self.timeout)
+        if answer.route_id:  # one that abstained before any generation has no route
+            self.models.add(answer.route.provider.model)
+        elif answer.mode == Answer.Mode.EXTRACTIVE:
+            self.models.add("extractive")
         return answer
+
+    def verdict(self, item: dict) -> dict:
+        verdict = judge(item, self.ask(item, []), self.files)
+        flags = " ".join(
+            f"{key}={verdict[key]}" for key in ("correct", "right_source", "abstained", "grounded", "finish_reason")
+        )
+        if self.removed_source and item["kind"] != "unanswerable":
+            own = [pk for pk, name in self.files.items() if name in item["sources"]]
+            if any(holds_answer(item, text) for pk, text in self.texts.items() if pk not in own):
+                verdict["removed_source_skipped"] = True
+                flags += " removed_source=skipped"
+            else:
+                verdict["removed_source_abstained"] = self.ask(item, own).abstained
+                flags += f" removed_source_declined={verdict['removed_source_abstained']}"
+        self.command.stdout.write(f"{item['id']} {verdict['mode']} {verdict['total_ms']} ms {flags}")
+        return verdict

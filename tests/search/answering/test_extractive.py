@@ -37,6 +37,7 @@ from search.answering.extractive import CLOSEST_LEAD, LEAD, NOTHING_FOUND, extra
 from search.answering.prompting import Source
 from search.beir import corpus_read
 from search.ingest import pipeline
+from search.management.commands.eval_answers import COMPARED
 from search.models import Document
 from search.services import collection_create, document_create, workspace_create
 
@@ -357,9 +358,12 @@ def test_the_whole_qa_set_extractively(answered):
             }
         )
     )
-    assert all(outcomes[key] for key in unanswerable)
+    # Two unanswerable questions hold most of a sentence's words (q40's "days ... per year" in the
+    # training rule, q41's "maximum ... Atlas-7 ... operation"): the line that declined them
+    # declined a fifth of the questions written without these rules (docs/answers.md, "Calibration").
+    assert [key for key in unanswerable if not outcomes[key]] == ["q40", "q41"]
     assert not any(answered[key][1].abstained for key in answerable)
-    assert rate >= 0.95
+    assert rate >= 0.93
 
 
 def test_near_misses_are_declined(demo):
@@ -403,10 +407,12 @@ def test_abstention_calibration(demo, cranfield, django_db_blocker):
                 {prefix + key: value for key, value in _rates(demo, cranfield, queries, judged, embeddings).items()}
             )
     print(json.dumps(figures))
-    assert figures["demo_false_abstention"] == 0 and figures["demo_unanswerable_declined"] == 1
+    assert figures["demo_false_abstention"] == 0 and figures["demo_unanswerable_declined"] >= 4 / 6
     assert figures["lexical_demo_false_abstention"] == 0
     assert figures["cross_collection_declined"] >= 0.95
     assert figures["cranfield_false_abstention"] <= 0.15
+    # Terms weighed by rarity: a query whose rare words no source holds is declined.
+    assert figures["cranfield_unjudged_declined"] >= 0.5
 
 
 def _rates(demo, cranfield, queries: list[dict], judged: dict[str, dict[str, int]], embeddings: bool) -> dict:
@@ -466,9 +472,50 @@ def test_eval_answers_asks_through_the_answer_path_and_judges_each_answer(demo, 
     assert summary["modes"] == {"extractive": 7} and summary["latency_p50_ms"] > 0
     assert [line.split()[0] for line in lines[:-1]] == [item["id"] for item in chosen]
 
+    with pytest.raises(CommandError, match=r"--half asks one half; --halves and --held-out compare two sets"):
+        call_command("eval_answers", str(qa), "--workspace", demo.workspace.slug, "--half", "odd", "--halves")
+
     qa.write_text('{"id": "x", "question": "q", "expected": ["("], "sources": [], "kind": "single"}\n')
     with pytest.raises(CommandError, match=r"qa.jsonl:1: a pattern does not compile"):
         call_command("eval_answers", str(qa), "--workspace", demo.workspace.slug)
     qa.write_text('{"id": "x", "question": "q", "expected": [], "sources": [], "kind": "trivia"}\n')
     with pytest.raises(CommandError, match=r"qa.jsonl:1: kind 'trivia' is not one of single"):
         call_command("eval_answers", str(qa), "--workspace", demo.workspace.slug)
+
+
+def test_eval_answers_reports_questions_nobody_tuned_for_beside_the_tuned_ones(demo, django_db_blocker):
+    """``demo/qa.jsonl`` (the rules were found on it) beside ``demo/qa-heldout.jsonl`` (written
+    by an author who saw neither it nor the code), each answerable question asked again with
+    its own source documents left out (``--removed-source``). Floors at the figures of
+    docs/answers.md, "Questions nobody tuned for"; the gap in correctness is still over 0.05."""
+    out = io.StringIO()
+    with django_db_blocker.unblock():
+        call_command(
+            "eval_answers",
+            str(ROOT / "demo" / "qa.jsonl"),
+            "--workspace",
+            demo.workspace.slug,
+            "--held-out",
+            str(ROOT / "demo" / "qa-heldout.jsonl"),
+            "--removed-source",
+            stdout=out,
+        )
+    lines = out.getvalue().strip().splitlines()
+    report = json.loads(lines[-1])
+    # Each set's line as it ends, after its questions' lines.
+    tuned_at = lines.index(json.dumps({"tuned": report["tuned"]}, ensure_ascii=False))
+    assert lines[-2] == json.dumps({"held_out": report["held_out"]}, ensure_ascii=False)
+    assert [line.split()[0] for line in lines[:tuned_at]] == [item["id"] for item in QA]
+    tuned, held_out = report["tuned"], report["held_out"]
+    assert (tuned["questions"], tuned["answerable"], held_out["questions"], held_out["answerable"]) == (43, 37, 60, 47)
+    # A question counts as unanswerable once its source is gone only when no other document
+    # holds its answer: 5 of the tuned set's and 12 of the held-out set's still are.
+    assert (tuned["removed_source_questions"], tuned["removed_source_skipped"]) == (32, 5)
+    assert (held_out["removed_source_questions"], held_out["removed_source_skipped"]) == (35, 12)
+    assert tuned["removed_source_declined"] >= 0.95 and held_out["removed_source_declined"] >= 0.9
+    assert tuned["answerable_declined"] == 0.0 and held_out["answerable_declined"] <= 0.05
+    assert tuned["correct"] >= 0.97 and held_out["correct"] >= 0.91
+    assert report["gap"]["correct"] == round(held_out["correct"] - tuned["correct"], 4)
+    assert tuple(report["gap"]) == COMPARED  # every share both sets have
+    removed = [line for line in lines if "removed_source_declined=" in line]
+    assert len(removed) == 32 + 35 and all(line.split()[1] == "extractive" for line in removed)
