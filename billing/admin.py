@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from billing import client_keys
 from billing.models import BudgetAlert, ClientKey, Price, UsageRecord
+from ragsite.admin import ReadOnlyAdmin
 
 
 class ClientKeyForm(forms.ModelForm):
@@ -70,6 +71,8 @@ class ClientKeyAdmin(admin.ModelAdmin):
             # Held on the request only, for the next page; never stored or logged.
             request._new_client_key = client_keys.client_key_secret_issue(obj)
         super().save_model(request, obj, form, change)
+        if not change:
+            client_keys.key_created_audit(obj, request=request)
 
     def response_add(self, request, obj, post_url_continue=None):
         token = getattr(request, "_new_client_key", None)
@@ -89,7 +92,9 @@ class ClientKeyAdmin(admin.ModelAdmin):
     def revoke_keys(self, request, queryset):
         count = 0
         for key in queryset.filter(revoked_at__isnull=True):
-            client_keys.client_key_revoke(key, reason=f"revoked in the admin by {request.user.get_username()}")
+            client_keys.client_key_revoke(
+                key, reason=f"revoked in the admin by {request.user.get_username()}", by=request.user, request=request
+            )
             count += 1
         self.message_user(request, f"{count} key(s) revoked.", messages.SUCCESS)
 
@@ -156,7 +161,7 @@ class PricedFilter(admin.SimpleListFilter):
 
 
 @admin.register(UsageRecord)
-class UsageRecordAdmin(admin.ModelAdmin):
+class UsageRecordAdmin(ReadOnlyAdmin):
     list_display = [
         "created_at",
         "kind",
@@ -179,12 +184,3 @@ class UsageRecordAdmin(admin.ModelAdmin):
     # No date_hierarchy: its year/month links need a DISTINCT over the whole ledger on each
     # page load; the created_at filter uses fixed ranges instead.
     show_full_result_count = False
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

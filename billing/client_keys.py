@@ -31,6 +31,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from billing.models import ClientKey
+from ragsite.audit import Action, audit_record
 from ragsite.errors import DomainError
 from ragsite.rows import Rows, fetch_one
 
@@ -65,9 +66,12 @@ def client_key_create(
     requests_per_minute: int | None = None,
     tokens_per_minute: int | None = None,
     monthly_budget_usd=None,
+    acts_for_user=None,
+    acts_for_group=None,
 ) -> tuple[ClientKey, str]:
     """A new key for ``workspace``: the row and the key itself, which is never stored and
-    must be shown to its owner now, once."""
+    must be shown to its owner now, once. ``acts_for_user`` / ``acts_for_group``: whose
+    documents it reads (search.access); neither: those open to the whole workspace."""
     unknown = sorted(set(scopes) - set(ClientKey.Scope.values))
     if unknown:
         raise ValueError(f"unknown scope(s) {', '.join(unknown)}; scopes are {', '.join(ClientKey.Scope.values)}")
@@ -80,10 +84,33 @@ def client_key_create(
         requests_per_minute=requests_per_minute,
         tokens_per_minute=tokens_per_minute,
         monthly_budget_usd=monthly_budget_usd,
+        acts_for_user=acts_for_user,
+        acts_for_group=acts_for_group,
     )
+    if acts_for_user is not None and acts_for_group is not None:
+        raise ValueError("a key acts for a user or for a group, not both")
     token = client_key_secret_issue(key)
     key.save()
+    key_created_audit(key)
     return key, token
+
+
+def key_created_audit(key: ClientKey, *, request=None) -> None:
+    """The audit log's record of a new key: who made it, its scopes and whom it acts for."""
+    audit_record(
+        Action.KEY_CREATE,
+        user=key.created_by,
+        actor=None if key.created_by is not None else "operator",
+        request=request,
+        workspace_id=key.workspace_id,
+        target=f"key:{key.pk}",
+        detail={
+            "name": key.name,
+            "scopes": list(key.scopes),
+            "acts_for_user": key.acts_for_user_id,
+            "acts_for_group": key.acts_for_group_id,
+        },
+    )
 
 
 def client_key_secret_issue(key: ClientKey) -> str:
@@ -154,13 +181,23 @@ def _record_use(key: ClientKey, now: datetime) -> None:
     key.last_used_at = now
 
 
-def client_key_revoke(key: ClientKey, *, reason: str = "", now: datetime | None = None) -> None:
-    """Refuse the key from now on (kept for the ledger's sake, never deleted by this)."""
+def client_key_revoke(key: ClientKey, *, reason: str = "", now: datetime | None = None, by=None, request=None) -> None:
+    """Refuse the key from now on (kept for the ledger's sake, never deleted by this); ``by``:
+    the user who revoked it, for the audit log (None: the operator's tools)."""
     if key.revoked_at is None:
         key.revoked_at = now or timezone.now()
         key.revoked_reason = reason[:200]
         ClientKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(
             revoked_at=key.revoked_at, revoked_reason=key.revoked_reason
+        )
+        audit_record(
+            Action.KEY_REVOKE,
+            user=by,
+            actor=None if by is not None else "operator",
+            request=request,
+            workspace_id=key.workspace_id,
+            target=f"key:{key.pk}",
+            detail={"name": key.name, "reason": key.revoked_reason},
         )
 
 

@@ -79,6 +79,24 @@ class ClientKey(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Whose documents it reads (search.access.reader_of_key): a user's or a group's; neither,
+    # only those open to the whole workspace. A deleted user or group leaves it the latter.
+    acts_for_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="It reads what this user may read (while a member of the key's workspace).",
+    )
+    acts_for_group = models.ForeignKey(
+        "auth.Group",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="It reads what this group may read. Neither user nor group: what the whole workspace may read.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField(null=True, blank=True, help_text="UTC; empty: never.")
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -94,6 +112,11 @@ class ClientKey(models.Model):
             models.CheckConstraint(
                 condition=Q(monthly_budget_usd__isnull=True) | Q(monthly_budget_usd__gte=0),
                 name="client_key_budget_non_negative",
+            ),
+            models.CheckConstraint(
+                condition=Q(acts_for_user__isnull=True) | Q(acts_for_group__isnull=True),
+                name="client_key_acts_for_one",
+                violation_error_message="A key acts for a user or for a group, not both.",
             ),
         ]
 

@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 
-from ragsite import async_middleware
+from ragsite import async_middleware, audit
 
 
 class RagsiteConfig(AppConfig):
@@ -9,3 +9,4 @@ class RagsiteConfig(AppConfig):
 
     def ready(self):
         async_middleware.install()
+        audit.signals_connect()

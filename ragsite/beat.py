@@ -12,6 +12,12 @@ BEAT_SCHEDULE = {
         "schedule": 30.0,
         "options": {"expires": 30},
     },
+    # Deletes audit events past AUDIT_RETENTION_DAYS (ragsite/audit.py).
+    "audit-purge": {
+        "task": "ragsite.tasks.audit_purge",
+        "schedule": 86400.0,
+        "options": {"expires": 86400},
+    },
     # Creates the BM25 HNSW index once the chunk table is large (search/vector_indexes.py).
     "search-indexes-maintain": {
         "task": "search.tasks.search_indexes_maintain",

@@ -376,6 +376,13 @@ HNSW_EF_SEARCH = env_int("HNSW_EF_SEARCH", 200, minimum=1, maximum=1000)
 # with this candidate list size.
 SEARCH_KEYWORD_EXACT_MAX_ROWS = env_int("SEARCH_KEYWORD_EXACT_MAX_ROWS", 20000, minimum=0)
 KEYWORD_HNSW_EF_SEARCH = env_int("KEYWORD_HNSW_EF_SEARCH", 400, minimum=1, maximum=1000)
+# A reader who may read documents of at most this many chunks together (search.access) has
+# them ranked exactly, through their documents, rather than by an index scan that passes over
+# everything else (measured: benchmarks.permissions, docs/access.md).
+# Audit events older than this are purged daily (ragsite.audit); the database refuses to
+# delete any younger than a year (ragsite.audit.RETENTION_FLOOR_DAYS).
+AUDIT_RETENTION_DAYS = env_int("AUDIT_RETENTION_DAYS", 400, minimum=365)
+SEARCH_EXACT_READABLE_MAX_CHUNKS = env_int("SEARCH_EXACT_READABLE_MAX_CHUNKS", 5000, minimum=0)
 # The BM25 HNSW index is created (by beat, hourly) once the chunk table holds this many rows.
 SEARCH_BM25_INDEX_MIN_CHUNKS = env_int("SEARCH_BM25_INDEX_MIN_CHUNKS", 50000, minimum=0)
 

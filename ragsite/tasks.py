@@ -7,6 +7,7 @@ from celery import shared_task
 from django.db import connection
 from django.utils import timezone
 
+from ragsite import audit
 from ragsite.beat import BEAT_HEARTBEAT_KEY
 from ragsite.redis import redis_client
 
@@ -24,3 +25,9 @@ def ping(value: int) -> dict:
 @shared_task(name="ragsite.tasks.beat_heartbeat", ignore_result=True)
 def beat_heartbeat() -> None:
     redis_client().set(BEAT_HEARTBEAT_KEY, timezone.now().isoformat(), ex=600)
+
+
+@shared_task(name="ragsite.tasks.audit_purge", ignore_result=True)
+def audit_purge() -> int:
+    """Daily: audit events past their retention go (ragsite.audit)."""
+    return audit.audit_purge()

@@ -29,4 +29,6 @@ class DocumentAdmin(admin.ModelAdmin):
     list_display = ["title", "collection", "status", "media_type", "size_bytes", "updated_at"]
     list_filter = ["status", "collection__workspace", "media_type"]
     search_fields = ["title", "source_name", "sha256"]
-    readonly_fields = ["sha256", "size_bytes", "created_at", "updated_at"]
+    # Readers are changed through search.services.document_readers_set (REST, ingest), which
+    # changes the chunks' copy with them: a field edited here would leave the chunks behind.
+    readonly_fields = ["sha256", "size_bytes", "readers", "created_at", "updated_at"]

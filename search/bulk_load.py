@@ -45,8 +45,11 @@ def files_under(paths: Iterable[Path]) -> list[Path]:
     return found
 
 
-def files_store(collection: Collection, files: list[Path]) -> tuple[list[int], list[str]]:
-    """Store files as queued documents; returns their ids and the refusals (with reasons)."""
+def files_store(
+    collection: Collection, files: list[Path], *, readers: list[str] | None = None
+) -> tuple[list[int], list[str]]:
+    """Store files as queued documents, readable by ``readers`` (search.access; default: the
+    whole workspace); returns their ids and the refusals (with reasons)."""
     ids: list[int] = []
     refused: list[str] = []
     for batch in _batches(files):
@@ -54,7 +57,11 @@ def files_store(collection: Collection, files: list[Path]) -> tuple[list[int], l
             for path in batch:
                 try:
                     document, _ = document_create(
-                        collection=collection, source_name=path.name, content=path.read_bytes(), enqueue=False
+                        collection=collection,
+                        source_name=path.name,
+                        content=path.read_bytes(),
+                        readers=readers,
+                        enqueue=False,
                     )
                 except DocumentRejected as exc:
                     refused.append(str(exc))
@@ -63,7 +70,9 @@ def files_store(collection: Collection, files: list[Path]) -> tuple[list[int], l
     return ids, refused
 
 
-def beir_store(collection: Collection, directory: Path) -> tuple[list[int], list[str]]:
+def beir_store(
+    collection: Collection, directory: Path, *, readers: list[str] | None = None
+) -> tuple[list[int], list[str]]:
     """Store a BEIR corpus as documents, each with its corpus id(s) in ``metadata["beir_ids"]``.
 
     Identical texts under two ids become one document listing both ids, so evaluation
@@ -81,6 +90,7 @@ def beir_store(collection: Collection, directory: Path) -> tuple[list[int], list
                         content=item.content().encode("utf-8"),
                         title=item.title or None,
                         metadata={"beir_ids": [item.id]},
+                        readers=readers,
                         enqueue=False,
                     )
                 except DocumentRejected as exc:

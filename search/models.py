@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
@@ -20,6 +21,17 @@ from pgvector.django import SparseVectorField, VectorField
 # BM25 term weights live in a sparse vector whose indices are hashed lexemes (see the
 # search_term_index SQL function): the dimension is pgvector's maximum.
 BM25_DIMENSIONS = 1_000_000_000
+# A document's and its chunks' readers (search.access): "*" for everyone the workspace admits.
+READERS_OPEN = ["*"]
+
+
+def readers_field() -> ArrayField:
+    """Who may read a row (search.access): principals ``*``, ``u:<id>``, ``g:<id>``."""
+    return ArrayField(models.CharField(max_length=24), default=list_open, db_default=READERS_OPEN)
+
+
+def list_open() -> list[str]:
+    return list(READERS_OPEN)
 
 
 class RegConfigField(models.CharField):
@@ -115,6 +127,7 @@ class Collection(models.Model):
 
 class Document(models.Model):
     workspace_path = "collection__workspace"  # search.scoping: how a front door finds its rows
+    readers_path = "readers"  # search.scoping: who may read its rows (search.access)
 
     class Status(models.TextChoices):
         QUEUED = "queued", "Queued"
@@ -141,6 +154,8 @@ class Document(models.Model):
     chunks_embedded = models.PositiveIntegerField(default=0)
     attempts = models.PositiveIntegerField(default=0)
     metadata = models.JSONField(default=dict, blank=True)
+    # Who may read it (search.access), copied to its chunks; changed by ``document_readers_set``.
+    readers = readers_field()
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     indexed_at = models.DateTimeField(null=True, blank=True)
@@ -153,6 +168,7 @@ class Document(models.Model):
                 fields=["collection", "sha256"], condition=~Q(sha256=""), name="document_unique_text"
             ),
         ]
+        indexes = [GinIndex(fields=["readers"], name="document_readers_gin")]
 
     def __str__(self) -> str:
         return self.title
@@ -166,6 +182,7 @@ class Chunk(models.Model):
     """
 
     workspace_path = "collection__workspace"  # search.scoping: how a front door finds its rows
+    readers_path = "readers"  # search.scoping: who may read its rows (search.access)
 
     document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="chunks")
     # Denormalised from the document so that filters and indexes need no join.
@@ -198,6 +215,9 @@ class Chunk(models.Model):
     # Document-side BM25 weights (saturated term frequency, length-normalised), so that
     # keyword ranking is an inner product with the query's IDF vector.
     bm25 = SparseVectorField(dimensions=BM25_DIMENSIONS)
+    # The document's readers, copied here so that rankings filter inside their index scans
+    # (search.selectors) with no join; written with the document row locked.
+    readers = readers_field()
 
     class Meta:
         ordering = ["document_id", "ordinal"]
@@ -207,6 +227,9 @@ class Chunk(models.Model):
         ]
         indexes = [
             GinIndex(fields=["tsv"], name="chunk_tsv_gin"),
+            # A restricted reader's keyword ranking: the chunks holding a query word AND those it
+            # may read, combined as bitmaps before any row is read (search.selectors).
+            GinIndex(fields=["readers"], name="chunk_readers_gin"),
             models.Index(fields=["collection", "embedding_dimensions"], name="chunk_collection_dims"),
         ]
 

@@ -18,6 +18,7 @@ from django.db.models import Model, QuerySet
 
 from ragsite.errors import DomainError
 from ragsite.rows import Rows, fetch_all
+from search.access import Reader
 from search.models import Collection, Workspace
 
 
@@ -37,15 +38,29 @@ def workspaces_visible_to(user) -> QuerySet:
     return Workspace.objects.filter(memberships__user=user)
 
 
-def in_workspaces(model: type[Model], workspaces: Workspace | int | Iterable[Workspace | int]) -> QuerySet:
+def in_workspaces(
+    model: type[Model], workspaces: Workspace | int | Iterable[Workspace | int], reader: Reader | None = None
+) -> QuerySet:
     """``model``'s rows that belong to ``workspaces``: one workspace (or its id), several, or a
-    queryset of workspaces (then a subquery: no extra round trip)."""
+    queryset of workspaces (then a subquery: no extra round trip).
+
+    A model whose rows say who may read them (``readers_path``: documents, chunks) is read for
+    a ``reader`` (search.access), which must be given: its rows are those it may read."""
     path = model.workspace_path
     if isinstance(workspaces, Workspace | int):
-        return model._default_manager.filter(**{path: workspaces})
-    if not isinstance(workspaces, QuerySet):
-        workspaces = list(workspaces)
-    return model._default_manager.filter(**{f"{path}__in": workspaces})
+        rows = model._default_manager.filter(**{path: workspaces})
+    else:
+        if not isinstance(workspaces, QuerySet):
+            workspaces = list(workspaces)
+        rows = model._default_manager.filter(**{f"{path}__in": workspaces})
+    readers_path = getattr(model, "readers_path", None)
+    if readers_path is None:
+        return rows
+    if reader is None:
+        raise TypeError(f"{model.__name__} rows are read for a reader (search.access): pass reader=")
+    if reader.unrestricted:
+        return rows
+    return rows.filter(**{f"{readers_path}__overlap": list(reader.principals)})
 
 
 def collections_chosen(

@@ -16,12 +16,13 @@ from django.db.models import Sum
 from ragsite.errors import DomainError
 from ragsite.redis import redis_client
 from search import analysis
+from search.access import OPERATOR, Reader
 from search.embedders import DEFAULT_EMBEDDER, embedder_get
 from search.ingest.chunk_writes import chunks_remove
 from search.ingest.parsers import ParseError, sniff_media_type
 from search.ingest.pipeline import interruptions_key
 from search.ingest.status import status_set
-from search.models import Collection, Document, Workspace
+from search.models import READERS_OPEN, Chunk, Collection, Document, Workspace
 from search.vector_indexes import vector_index_ensure
 
 logger = logging.getLogger(__name__)
@@ -130,12 +131,16 @@ def document_create(
     content: bytes,
     title: str | None = None,
     metadata: dict | None = None,
+    readers: list[str] | None = None,
+    uploader: Reader = OPERATOR,
     enqueue: bool = True,
 ) -> tuple[Document, bool]:
     """Store an upload as a queued document and enqueue its ingestion; returns ``(document, created)``.
 
+    ``readers``: who may read it (``search.access.readers_for``; default: its whole workspace).
     The same bytes uploaded twice to one collection return the existing document
-    (``created`` is False). Files that are empty, too large (``DocumentTooLarge``) or of an
+    (``created`` is False), or, when the ``uploader`` may not read that one, are refused
+    without naming it. Files that are empty, too large (``DocumentTooLarge``) or of an
     unsupported type, and files that would take the workspace over its storage quota
     (``StorageQuotaExceeded``), are refused with ``DocumentRejected`` before anything is
     stored. The name is cleaned (``source_name_clean``). ``enqueue=False`` leaves ingestion
@@ -159,7 +164,7 @@ def document_create(
     digest = hashlib.sha256(content).hexdigest()
     existing = Document.objects.filter(collection=collection, content_sha256=digest).first()
     if existing is not None:
-        return existing, False
+        return _existing_for(existing, uploader, source_name), False
     metadata = dict(metadata or {})
     if title:
         metadata["title_from"] = "user"
@@ -171,6 +176,7 @@ def document_create(
         size_bytes=len(content),
         content_sha256=digest,
         metadata=metadata,
+        readers=list(readers or READERS_OPEN),
     )
     try:
         with transaction.atomic():
@@ -182,7 +188,8 @@ def document_create(
     except IntegrityError:
         # A concurrent upload of the same bytes won the race: keep theirs, drop our file.
         document.file.delete(save=False)
-        return Document.objects.get(collection=collection, content_sha256=digest), False
+        existing = Document.objects.get(collection=collection, content_sha256=digest)
+        return _existing_for(existing, uploader, source_name), False
     except BaseException:
         if document.file:  # the row is not stored: neither is its file
             document.file.delete(save=False)
@@ -190,8 +197,22 @@ def document_create(
     return document, True
 
 
+def _existing_for(existing: Document, uploader: Reader, source_name: str) -> Document:
+    """The document already holding an upload's bytes, if its uploader may read it; else a
+    refusal that names neither it nor who may read it."""
+    if not uploader.may_read(existing.readers):
+        raise DocumentRejected(f"{source_name}: the same file is already in this collection, restricted to others")
+    return existing
+
+
 def documents_upload(
-    *, collection: Collection, files: list, title: str | None = None, metadata: dict | None = None
+    *,
+    collection: Collection,
+    files: list,
+    title: str | None = None,
+    metadata: dict | None = None,
+    readers: list[str] | None = None,
+    uploader: Reader = OPERATOR,
 ) -> list[tuple[Document, bool]]:
     """Store uploaded files (Django's ``UploadedFile``: ``name``, ``size``, ``read()``) as queued
     documents, all or nothing; returns ``(document, created)`` per file, in order, as
@@ -218,7 +239,7 @@ def documents_upload(
                         )
                     document, created = document_create(
                         collection=collection, source_name=file.name, content=file.read(), title=title,
-                        metadata=metadata,
+                        metadata=metadata, readers=readers, uploader=uploader,
                     )  # fmt: skip
                 except DocumentRejected as refusal:
                     refusals.append(refusal)
@@ -291,3 +312,17 @@ def document_delete(*, document: Document) -> None:
         file = document.file
         document.delete()
         transaction.on_commit(lambda: file.delete(save=False))
+
+
+def document_readers_set(*, document: Document, readers: list[str]) -> Document:
+    """Set who may read a document (``search.access.readers_for``): on it and on its chunks,
+    in one transaction, so that the next search sees the change and nothing is re-embedded.
+    The document's row lock orders this against an ingestion writing its chunks."""
+    readers = list(readers)
+    with transaction.atomic():
+        locked = Document.objects.select_for_update().get(pk=document.pk)
+        locked.readers = readers
+        locked.save(update_fields=["readers", "updated_at"])
+        Chunk.objects.filter(document_id=document.pk).update(readers=readers)
+    document.readers = readers
+    return document

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import connection
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -111,6 +112,22 @@ def start_worker(tmp_path):
         return celery_worker(queues, tmp_path, **kwargs)
 
     return factory
+
+
+class QuickPBKDF2PasswordHasher(PBKDF2PasswordHasher):
+    """PBKDF2 as deployed, in a thousand rounds: a hash names its rounds, so the processes the
+    tests start (servers, workers), which hash as deployed, still check these passwords."""
+
+    iterations = 1000
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quick_password_hashing(django_test_environment):
+    """Passwords made in this process take a thousand PBKDF2 rounds, not a million: 0.24 s a
+    user here, over a hundred times in a run (Django's advice for tests)."""
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = ["tests.conftest.QuickPBKDF2PasswordHasher", *settings.PASSWORD_HASHERS]
 
 
 @pytest.fixture(scope="session")

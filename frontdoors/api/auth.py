@@ -18,6 +18,7 @@ present but bad is refused (401) even when a session exists: the client meant th
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from rest_framework.permissions import BasePermission
 from billing import client_keys
 from billing.models import ClientKey
 from frontdoors.api.errors import WWW_AUTHENTICATE, RestApiError
+from search.access import Reader, reader_of_key, reader_of_user
 from search.answering.conversations import client_id_of
 from search.models import Workspace
 from search.scoping import workspaces_visible_to
@@ -46,6 +48,12 @@ class Access:
     workspace: Workspace
     key: ClientKey | None = None
     user: object | None = None
+
+    @functools.cached_property
+    def reader(self) -> Reader:
+        """What the caller may read (search.access): a member's session reads as its user, a
+        key as the user or group it acts for (else as its workspace)."""
+        return reader_of_key(self.key) if self.key is not None else reader_of_user(self.user)
 
     @property
     def client_id(self) -> str:

@@ -17,6 +17,7 @@ from rest_framework import serializers
 from rest_framework.reverse import reverse
 
 from search import analysis
+from search.access import AccessError, readers_for, readers_listed
 from search.answering.answers import QUESTION_MAX_CHARS, TOP_K_MAX
 from search.answering.conversations import TITLE_MAX_CHARS
 from search.embedders import DEFAULT_EMBEDDER, EmbedderError, embedder_get
@@ -26,6 +27,8 @@ from search.selectors import MODES
 
 # Ids are PostgreSQL bigints.
 MAX_ID = 2**63 - 1
+# Users and groups named as one document's readers, at most (each list).
+READERS_MAX = 1000
 
 
 class TextPattern(RegexValidator):
@@ -160,8 +163,41 @@ class DocumentProgressSerializer(serializers.Serializer):
     chunks_total = serializers.IntegerField(read_only=True, help_text="0 until the document is chunked.")
 
 
+@extend_schema_field({"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string"}], "example": "hr"})
+class IdOrName(serializers.JSONField):
+    """A user or group, by id or by name (checked by ``search.access.readers_for``)."""
+
+
+class ReadersSerializer(serializers.Serializer):
+    """Who may read a document (search.access). Neither users nor groups: everyone in the
+    workspace."""
+
+    users = serializers.ListField(
+        child=IdOrName(), required=False, default=list, max_length=READERS_MAX,
+        help_text="Users, each by id or username.",
+    )  # fmt: skip
+    groups = serializers.ListField(
+        child=IdOrName(), required=False, default=list, max_length=READERS_MAX,
+        help_text="Groups, each by id or name.",
+    )  # fmt: skip
+
+    def validate(self, data):
+        try:
+            data["principals"] = readers_for(users=data["users"], groups=data["groups"])
+        except AccessError as exc:
+            raise serializers.ValidationError({"readers": [exc.message]}) from None
+        return data
+
+
+class ReadersListedSerializer(serializers.Serializer):
+    everyone = serializers.BooleanField(help_text="Open to everyone in the workspace.")
+    users = serializers.ListField(child=serializers.IntegerField(), help_text="The users' ids.")
+    groups = serializers.ListField(child=serializers.IntegerField(), help_text="The groups' ids.")
+
+
 class DocumentSerializer(serializers.ModelSerializer):
     collection = serializers.IntegerField(source="collection_id", read_only=True)
+    readers = serializers.SerializerMethodField()
     progress = DocumentProgressSerializer(source="*", read_only=True)
     error = serializers.CharField(read_only=True, help_text="Why ingestion failed; empty unless status is failed.")
     metadata = serializers.DictField(read_only=True)
@@ -184,9 +220,14 @@ class DocumentSerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
             "indexed_at",
+            "readers",
             "url",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(ReadersListedSerializer)
+    def get_readers(self, document: Document) -> dict:
+        return readers_listed(document.readers)
 
     def get_url(self, document: Document) -> str:
         return absolute_url(self.context["request"], "document-detail", document_id=document.pk)
@@ -211,6 +252,11 @@ class JSONObjectText(serializers.JSONField):
     """A JSON object sent as a text part of a multipart form."""
 
 
+@extend_schema_field({"type": "string", "example": '{"users": [], "groups": []}'})
+class ReadersText(serializers.JSONField):
+    """A document's readers sent as a text part of a multipart form."""
+
+
 class DocumentUploadSerializer(serializers.Serializer):
     collection = serializers.IntegerField(min_value=1, max_value=MAX_ID, help_text="The collection's id.")
     files = serializers.ListField(
@@ -229,6 +275,21 @@ class DocumentUploadSerializer(serializers.Serializer):
     metadata = JSONObjectText(
         binary=True, required=False, help_text="A JSON object, as text, stored with each document."
     )
+    readers = ReadersText(
+        binary=True,
+        required=False,
+        help_text='Who may read the documents, as text: {"users": [...], "groups": [...]}, each by id or name. '
+        "Default: everyone in the workspace.",
+    )
+
+    def validate_readers(self, value):
+        if not isinstance(value, dict) or set(value) - {"users", "groups"}:
+            raise serializers.ValidationError('Must be a JSON object with "users" and/or "groups".')
+        readers = ReadersSerializer(data=value)
+        if not readers.is_valid():
+            errors = readers.errors
+            raise serializers.ValidationError(errors.get("readers") or errors)
+        return readers.validated_data["principals"]
 
     def validate_metadata(self, value):
         if not isinstance(value, dict):
@@ -348,6 +409,7 @@ class AnswerSerializer(serializers.ModelSerializer):
     verification = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
     stream_url = serializers.SerializerMethodField()
+    withheld = serializers.SerializerMethodField()
 
     class Meta:
         model = Answer
@@ -359,6 +421,7 @@ class AnswerSerializer(serializers.ModelSerializer):
             "question",
             "retrieval_query",
             "text",
+            "withheld",
             "error",
             "citations",
             "dropped_citations",
@@ -414,6 +477,10 @@ class AnswerSerializer(serializers.ModelSerializer):
         """What the citation check changed: markers removed, sentences re-attributed, citations
         added, sentences unsupported, and the text as generated (``original_text``)."""
         return {key: value for key, value in (answer.verification or {}).items() if key != "sentences"}
+
+    def get_withheld(self, answer: Answer) -> bool:
+        """True: it cites documents the caller may not read, so its text, sources and checks are left out."""
+        return getattr(answer, "withheld", False)
 
     def get_url(self, answer: Answer) -> str:
         return absolute_url(self.context["request"], "answer-detail", answer_id=answer.pk)

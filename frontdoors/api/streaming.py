@@ -40,6 +40,7 @@ from frontdoors.api.auth import Access, Scope, access_resolve, workspace_slug_of
 from frontdoors.api.errors import RestApiError, api_error_of, error_json, invalid
 from inference.streams import stream_key
 from ragsite.redis import redis_async_client
+from search.access import answer_readable
 from search.answering.answers import ANSWER_END, QUIET, answer_events, event_id_valid
 from search.models import Answer
 from search.scoping import in_workspaces
@@ -124,10 +125,12 @@ async def answer_stream(request, answer_id):
         unverified = request.GET.get("unverified", "false")
         if unverified not in ("true", "false"):
             raise invalid("unverified", f"unverified must be true or false, got {unverified!r}.")
-        answers = in_workspaces(Answer, access.workspace).filter(pk=answer_id).values_list("status", flat=True)
-        status_now = await sync_to_async(answers.first)()
-        if status_now is None:
+        answers = in_workspaces(Answer, access.workspace).filter(pk=answer_id).only("status", "sources")
+        answer = await sync_to_async(answers.first)()
+        # One whose sources the caller may not all read (search.access) is not found either.
+        if answer is None or not await sync_to_async(lambda: answer_readable(answer, access.reader))():
             raise exceptions.NotFound(f"No answer {answer_id} in this workspace.", code="not_found")
+        status_now = answer.status
     except exceptions.APIException as exc:
         return error_json(api_error_of(exc))
     if after != "0" and await _ended_at_or_before(answer_id, status_now, after):

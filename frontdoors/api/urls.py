@@ -15,6 +15,7 @@ urlpatterns = [
     path("v1/documents/<int:document_id>", views.DocumentDetailView.as_view(), name="document-detail"),
     path("v1/documents/<int:document_id>/file", views.DocumentFileView.as_view(), name="document-file"),
     path("v1/documents/<int:document_id>/retry", views.DocumentRetryView.as_view(), name="document-retry"),
+    path("v1/documents/<int:document_id>/readers", views.DocumentReadersView.as_view(), name="document-readers"),
     path("v1/search", views.SearchView.as_view(), name="search"),
     path("v1/answers", views.AnswerCreateView.as_view(), name="answers"),
     path("v1/answers/<uuid:answer_id>", views.AnswerDetailView.as_view(), name="answer-detail"),

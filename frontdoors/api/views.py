@@ -13,7 +13,7 @@ import re
 import time
 from datetime import UTC, date, datetime
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -33,7 +33,8 @@ from frontdoors.api.pagination import ApiPagination, query_integer
 from frontdoors.api.schema import error_responses
 from frontdoors.api.throttling import ApiRateThrottle
 from frontdoors.files import document_file_response
-from search.answering.answers import answer_create, answer_stream_read
+from ragsite.audit import Action, audit_record
+from search.answering.answers import answer_create, answer_stream_read, answers_readable
 from search.answering.conversations import (
     conversation_create,
     conversation_delete,
@@ -45,7 +46,13 @@ from search.answering.conversations import (
 from search.models import Answer, Collection, Document
 from search.scoping import collections_chosen, in_workspaces
 from search.selectors import SearchError, chunk_search
-from search.services import collection_create, document_delete, document_retry, documents_upload
+from search.services import (
+    collection_create,
+    document_delete,
+    document_readers_set,
+    document_retry,
+    documents_upload,
+)
 
 FINISHED = (Answer.Status.DONE, Answer.Status.FAILED)
 
@@ -83,7 +90,31 @@ class ApiView(GenericAPIView):
 
     def scoped(self, model):
         """``model``'s rows in the caller's workspace: every tenant read of these views (search.scoping)."""
-        return in_workspaces(model, self.workspace)
+        return in_workspaces(model, self.workspace, self.reader)
+
+    @property
+    def reader(self):
+        """What the caller may read (search.access)."""
+        return self.request.access.reader
+
+    def audit(self, action: str, **event) -> None:
+        """An event of this request in the audit log (ragsite.audit): by its key or user."""
+        access = self.request.access
+        audit_record(
+            action, key=access.key, user=access.user, request=self.request, workspace_id=self.workspace.pk, **event
+        )
+
+    def audited_document(self, action: str, document_id: int, *, audit_found: bool = True) -> Document:
+        """The caller's document ``document_id`` (404 if it may not read it), with ``action``
+        in the audit log: done, or refused as not found."""
+        try:
+            document = _document(self.workspace, self.reader, document_id)
+        except NotFound:
+            self.audit(action, target=f"document:{document_id}", outcome="not_found")
+            raise
+        if audit_found:
+            self.audit(action, target=f"document:{document.pk}", detail={"title": document.title})
+        return document
 
 
 def query_data(request, *lists: str) -> dict:
@@ -101,8 +132,11 @@ def _not_found(kind: str, object_id) -> NotFound:
     return NotFound(f"No {kind} {object_id} in this workspace.", code="not_found")
 
 
-def _collections(workspace):
-    return in_workspaces(Collection, workspace).annotate(document_count=Count("documents"))
+def _collections(workspace, reader):
+    """The workspace's collections, each with the count of the documents ``reader`` may read:
+    a count of all of them would tell a restricted document's existence."""
+    readable = Q() if reader.unrestricted else Q(documents__readers__overlap=list(reader.principals))
+    return in_workspaces(Collection, workspace).annotate(document_count=Count("documents", filter=readable))
 
 
 # --------------------------------------------------------------------------- collections
@@ -113,7 +147,7 @@ class CollectionListView(ApiView):
     serializer_class = api.CollectionSerializer
 
     def get_queryset(self):
-        return _collections(self.workspace).order_by("name", "id")
+        return _collections(self.workspace, self.reader).order_by("name", "id")
 
     @extend_schema(
         operation_id="collections_list",
@@ -156,7 +190,7 @@ class CollectionDetailView(ApiView):
         responses={200: api.CollectionSerializer, **error_responses()},
     )
     def get(self, request, collection_id: int):
-        collection = _collections(self.workspace).filter(pk=collection_id).first()
+        collection = _collections(self.workspace, self.reader).filter(pk=collection_id).first()
         if collection is None:
             raise _not_found("collection", collection_id)
         return Response(self.get_serializer(collection).data)
@@ -218,7 +252,12 @@ class DocumentListView(ApiView):
         (collection,) = collections_chosen(self.workspace, [data["collection"]], field="collection")
         results = []
         for document, created in documents_upload(
-            collection=collection, files=data["files"], title=data.get("title"), metadata=data.get("metadata")
+            collection=collection,
+            files=data["files"],
+            title=data.get("title"),
+            metadata=data.get("metadata"),
+            readers=data.get("readers"),
+            uploader=self.reader,
         ):
             document.created = created
             results.append(document)
@@ -227,8 +266,8 @@ class DocumentListView(ApiView):
         return Response(body, status=status.HTTP_201_CREATED if any_created else status.HTTP_200_OK)
 
 
-def _document(workspace, document_id: int) -> Document:
-    document = in_workspaces(Document, workspace).filter(pk=document_id).first()
+def _document(workspace, reader, document_id: int) -> Document:
+    document = in_workspaces(Document, workspace, reader).filter(pk=document_id).first()
     if document is None:
         raise _not_found("document", document_id)
     return document
@@ -245,7 +284,8 @@ class DocumentDetailView(ApiView):
         responses={200: api.DocumentSerializer, **error_responses()},
     )
     def get(self, request, document_id: int):
-        return Response(self.get_serializer(_document(self.workspace, document_id)).data)
+        document = self.audited_document(Action.DOCUMENT_OPEN, document_id)
+        return Response(self.get_serializer(document).data)
 
     @extend_schema(
         operation_id="documents_delete",
@@ -254,8 +294,38 @@ class DocumentDetailView(ApiView):
         responses={204: OpenApiResponse(description="Deleted."), **error_responses()},
     )
     def delete(self, request, document_id: int):
-        document_delete(document=_document(self.workspace, document_id))
+        document_delete(document=_document(self.workspace, self.reader, document_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class DocumentReadersView(ApiView):
+    scopes = {"POST": Scope.DOCUMENTS}
+    serializer_class = api.DocumentSerializer
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        operation_id="documents_readers_set",
+        summary="Set who may read a document",
+        description=(
+            "Scope: documents. Users and groups, each by id or name; neither: everyone in the workspace. "
+            "The next search, answer and listing obey it; nothing is re-embedded. A user or group that does "
+            "not exist is refused (400), naming it."
+        ),
+        request=api.ReadersSerializer,
+        responses={200: api.DocumentSerializer, **error_responses()},
+    )
+    def post(self, request, document_id: int):
+        readers = api.ReadersSerializer(data=request.data)
+        readers.is_valid(raise_exception=True)
+        document = self.audited_document(Action.READERS_CHANGE, document_id, audit_found=False)
+        before = list(document.readers)
+        document = document_readers_set(document=document, readers=readers.validated_data["principals"])
+        self.audit(
+            Action.READERS_CHANGE,
+            target=f"document:{document.pk}",
+            detail={"title": document.title, "before": before, "after": list(document.readers)},
+        )
+        return Response(self.get_serializer(document).data)
 
 
 class DocumentFileView(ApiView):
@@ -289,7 +359,7 @@ class DocumentFileView(ApiView):
         },
     )
     def get(self, request, document_id: int):
-        document = _document(self.workspace, document_id)
+        document = self.audited_document(Action.DOCUMENT_DOWNLOAD, document_id)
         try:
             return document_file_response(request._request, document)
         except FileNotFoundError:
@@ -310,7 +380,7 @@ class DocumentRetryView(ApiView):
         responses={202: api.DocumentSerializer, **error_responses(409)},
     )
     def post(self, request, document_id: int):
-        document = _document(self.workspace, document_id)
+        document = _document(self.workspace, self.reader, document_id)
         if document.status != Document.Status.FAILED:
             raise RestApiError(
                 status.HTTP_409_CONFLICT,
@@ -341,9 +411,12 @@ class SearchView(ApiView):
                 top_k=params["top_k"],
                 per_document=params["per_document"],
                 syntax=params["syntax"],
+                reader=self.reader,
             )
         except SearchError as exc:  # what is left once the parameters are valid: collections that cannot mix
+            self.audit(Action.SEARCH, outcome="refused", detail={"query": params["query"], "reason": str(exc)})
             raise invalid("collections", str(exc)) from None
+        self.audit(Action.SEARCH, detail={"query": params["query"], "mode": params["mode"]})
         request = self.request
         body = {
             "query": result.query,
@@ -484,7 +557,9 @@ class AnswerCreateView(ApiView):
             max_tokens=params.get("max_tokens"),
             temperature=params.get("temperature"),
             client_key=access.key,
+            reader=access.reader,
         )
+        self.audit(Action.ASK, target=f"answer:{answer.pk}", detail={"question": params["question"]})
         if wait is not None:
             answer = answer_wait(answer, wait)
         finished = wait is not None and answer.status in FINISHED
@@ -510,6 +585,7 @@ class AnswerDetailView(ApiView):
         )
         if answer is None:
             raise _not_found("answer", answer_id)
+        (answer,) = answers_readable([answer], self.reader)
         return Response(self.get_serializer(answer).data)
 
 
@@ -578,8 +654,8 @@ class ConversationDetailView(ApiView):
     )
     def get(self, request, conversation_id):
         conversation = _conversation(self, conversation_id)
-        conversation.turn_list = list(
-            conversation_turns(conversation).select_related("route").prefetch_related("collections")
+        conversation.turn_list = answers_readable(
+            conversation_turns(conversation).select_related("route").prefetch_related("collections"), self.reader
         )
         return Response(self.get_serializer(conversation).data)
 

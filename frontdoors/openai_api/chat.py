@@ -38,7 +38,9 @@ from frontdoors.openai_api.errors import from_domain, invalid, model_not_found
 from inference import router
 from inference.errors import NoRouteConfigured, PoolWarming, RouteNotFound, SpeculationUnavailable
 from inference.models import Route
+from ragsite.audit import Action, audit_record
 from ragsite.errors import DomainError
+from search.access import reader_of_key
 from search.answering import answers, conversations, prompting
 from search.models import Answer
 
@@ -247,8 +249,9 @@ def _planned(model: str, client_id: str, speculative_options: dict | None) -> tu
 _PARAMS = {"question": "messages", "collections": None}
 
 
-def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
-    """Start the answer (synchronous: the database and the router); ``OpenAIError`` when it is refused."""
+def answer_start(key: ClientKey, chat: ChatRequest, *, request=None) -> Started:
+    """Start the answer (synchronous: the database and the router); ``OpenAIError`` when it is
+    refused. The question goes to the audit log (ragsite.audit), with ``request``'s client."""
     options = speculative.wanted(chat.speculative)
     client_id = conversations.client_id_of(key=key)
     route_name, plan = _planned(chat.model, client_id, options)
@@ -264,19 +267,37 @@ def answer_start(key: ClientKey, chat: ChatRequest) -> Started:
             speculative=options,
             plan=plan,
             history=chat.history,
+            reader=reader_of_key(key),  # the user or group it acts for, else its workspace
         )
     except answers.AnswerError as exc:
+        _asked_audit(key, chat, request, outcome="refused", reason=exc.message)
         param = _PARAMS.get(exc.field, exc.field)
         if exc.field == "max_tokens" and chat.max_tokens is None:
             param = None  # the route's own max_tokens: not the client's doing
         raise from_domain(exc, param=param) from None
     # A route, speculation the canary's endpoints cannot serve, no usable key, a key's limits.
     except DomainError as exc:
+        _asked_audit(key, chat, request, outcome="refused", reason=exc.message)
         raise from_domain(exc) from None
+    _asked_audit(key, chat, request, answer=answer)
     served = answer.plan
     generated = answer.mode == Answer.Mode.GENERATED and served is not None
     model = served.requested_route.name if generated else EXTRACTIVE_MODEL
     return Started(answer=answer, model=model, created=int(answer.created_at.timestamp()))
+
+
+def _asked_audit(key: ClientKey, chat: ChatRequest, request, *, answer=None, outcome="ok", reason="") -> None:
+    detail = {"question": chat.question, **({"reason": reason} if reason else {})}
+    target = f"answer:{answer.pk}" if answer is not None else ""
+    audit_record(
+        Action.ASK,
+        key=key,
+        request=request,
+        workspace_id=key.workspace_id,
+        target=target,
+        outcome=outcome,
+        detail=detail,
+    )
 
 
 async def completion_events(started: Started, *, unverified: bool = False) -> AsyncIterator[tuple[str, dict]]:

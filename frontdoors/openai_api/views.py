@@ -164,7 +164,7 @@ def _chat_start(request) -> tuple[chat_api.ChatRequest, chat_api.Started]:
     try:
         key = _authenticate_sync(request, ClientKey.Scope.GENERATE)
         chat = chat_api.request_parse(_body(request))
-        return chat, chat_api.answer_start(key, chat)
+        return chat, chat_api.answer_start(key, chat, request=request)
     finally:
         connection_give_back()  # the stream that follows holds none (ragsite.overload)
 

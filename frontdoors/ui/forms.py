@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django import forms
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.utils.translation import gettext, gettext_lazy
 
 from search.answering.answers import QUESTION_MAX_CHARS
@@ -79,6 +80,12 @@ class MultipleFileField(forms.FileField):
 class UploadForm(forms.Form):
     collection = CollectionChoiceField(label=gettext_lazy("Into collection"), queryset=Collection.objects.none())
     files = MultipleFileField(label=gettext_lazy("Files"))
+    readers = forms.ModelMultipleChoiceField(
+        label=gettext_lazy("Who may read them"),
+        queryset=Group.objects.none(),
+        required=False,
+        help_text=gettext_lazy("None chosen: everyone in the workspace. Chosen: those groups, and you."),
+    )
 
     def __init__(self, *args, workspace, **kwargs):
         super().__init__(*args, **kwargs)
@@ -91,6 +98,10 @@ class UploadForm(forms.Form):
         self.fields["files"].widget.attrs["aria-describedby"] = "files-help"  # the help text's element
         if len(collections) == 1:
             self.fields["collection"].initial = collections[0].pk
+        # The groups of this workspace's members: another tenant's groups are not named here.
+        self.fields["readers"].queryset = (
+            Group.objects.filter(user__memberships__workspace=workspace).distinct().order_by("name")
+        )
 
 
 class ConversationRenameForm(forms.Form):

@@ -48,6 +48,7 @@ DOMAIN_TEXTS = (
     gettext_noop("no generation model is configured"),
     gettext_noop("the generation model is still starting"),
     gettext_noop("nothing in the model's answer was supported by its sources"),
+    gettext_noop("the same file is already in this collection, restricted to others"),
 )
 
 

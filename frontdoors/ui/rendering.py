@@ -14,6 +14,7 @@ from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext, gettext_lazy
 
+from search.access import Reader
 from search.answering.prompting import citation_markers
 from search.models import Chunk
 from search.scoping import in_workspaces
@@ -91,11 +92,11 @@ class PassageContext:
     total: int
 
 
-def passage_context(chunk: Chunk) -> PassageContext:
+def passage_context(chunk: Chunk, reader: Reader) -> PassageContext:
     """The chunk with the text of its neighbours around it. The document's text is not
     stored, but each chunk is an exact slice of it (overlapping its neighbours), so the
     previous and next chunks give the words before and after."""
-    siblings = in_workspaces(Chunk, chunk.document.collection.workspace_id).filter(
+    siblings = in_workspaces(Chunk, chunk.document.collection.workspace_id, reader).filter(
         document_id=chunk.document_id, embedding_model=chunk.embedding_model
     )
     neighbours = {

@@ -32,9 +32,11 @@ from frontdoors.ui.languages import domain_text, script_strings
 from frontdoors.ui.rendering import answer_html, passage_context, sources_by_number
 from frontdoors.ui.workspaces import member_required, workspace_choose
 from inference.errors import RouteUnavailable
+from ragsite.audit import Action, audit_record
 from ragsite.errors import DomainError
+from search.access import Reader, answer_readable, reader_of_user, readers_for
 from search.answering import conversations
-from search.answering.answers import QUIET, answer_create, answer_events, event_id_valid
+from search.answering.answers import QUIET, answer_create, answer_events, answers_readable, event_id_valid
 from search.models import Answer, Chunk, Document
 from search.scoping import in_workspaces, workspaces_visible_to
 from search.selectors import chunk_search
@@ -75,9 +77,18 @@ def search_page(request):
                 collection_ids=form.collection_ids(),
                 mode=form.cleaned_data["mode"],
                 top_k=RESULTS_PER_SEARCH,
+                reader=request.reader,
             )
         except DomainError as exc:  # collections that cannot be searched together, or not the workspace's
             error = domain_text(str(exc))
+        audit_record(
+            Action.SEARCH,
+            user=request.user,
+            request=request,
+            workspace_id=request.workspace.pk,
+            outcome="ok" if error is None else "refused",
+            detail={"query": form.cleaned_data["q"], "mode": form.cleaned_data["mode"]},
+        )
     names = {collection.pk: collection.name for collection in form.fields["collection"].queryset}
     recent = (
         in_workspaces(Answer, request.workspace)
@@ -120,6 +131,15 @@ def ask(request):
             collections=form.collection_ids(),
             asker=request.user,
             conversation=conversation,
+            reader=request.reader,
+        )
+        audit_record(
+            Action.ASK,
+            user=request.user,
+            request=request,
+            workspace_id=request.workspace.pk,
+            target=f"answer:{answer.pk}",
+            detail={"question": form.cleaned_data["q"]},
         )
     except RouteUnavailable as exc:
         return _ask_refused(
@@ -141,6 +161,8 @@ def _ask_refused(request, message: str, *, status: int):
 
 
 def _answer_context(answer: Answer, *, stream: bool) -> dict:
+    # A withheld answer (search.access.answers_readable) is never streamed: its events hold its text.
+    stream = stream and not getattr(answer, "withheld", False)
     cited = {citation["number"] for citation in answer.citations}
     why = (answer.stats.get("quoted_instead") or {}).get("why") or answer.stats.get("why")
     return {
@@ -161,10 +183,13 @@ def answer_detail(request, answer_id):
     """An answer in its conversation's thread: every turn in order (those still generating
     stream), and for the conversation's owner a box for the next question under the last."""
     answer = get_object_or_404(in_workspaces(Answer, request.workspaces).select_related("conversation"), pk=answer_id)
+    (answer,) = answers_readable([answer], request.reader)
     conversation = answer.conversation
     turns = [
         {**_answer_context(turn, stream=turn.status not in FINAL_ANSWER_STATUSES), "current": turn.pk == answer.pk}
-        for turn in conversations.conversation_turns(conversation).select_related("asker")
+        for turn in answers_readable(
+            conversations.conversation_turns(conversation).select_related("asker"), request.reader
+        )
     ]
     owner = (
         conversation.client_id == conversations.client_id_of(user=request.user)
@@ -257,7 +282,9 @@ async def answer_event_stream(request, answer_id):
 
 
 def _answer_visible(user, answer_id) -> bool:
-    return in_workspaces(Answer, workspaces_visible_to(user)).filter(pk=answer_id).exists()
+    """An answer of the user's workspaces whose sources the user may all read (search.access)."""
+    answer = in_workspaces(Answer, workspaces_visible_to(user)).filter(pk=answer_id).only("sources").first()
+    return answer is not None and answer_readable(answer, reader_of_user(user))
 
 
 async def _answer_event_stream(answer_id, after: str):
@@ -280,14 +307,21 @@ async def _answer_event_stream(answer_id, after: str):
 @member_required
 def passage(request, chunk_id):
     """A passage in its context; htmx (the citation dialog) gets the passage alone."""
-    chunk = get_object_or_404(
-        in_workspaces(Chunk, request.workspaces)
+    chunk = (
+        in_workspaces(Chunk, request.workspaces, request.reader)
         .select_related("document__collection")
-        .defer("embedding", "bm25", "tsv"),
-        pk=chunk_id,
+        .defer("embedding", "bm25", "tsv")
+        .filter(pk=chunk_id)
+        .first()
     )
+    if chunk is None:
+        audit_record(
+            Action.DOCUMENT_OPEN, user=request.user, request=request, target=f"chunk:{chunk_id}", outcome="not_found"
+        )
+        raise Http404("no such passage")
+    _document_audit(request, Action.DOCUMENT_OPEN, chunk.document, chunk=chunk.pk)
     template = "search/_passage.html" if request.htmx else "search/passage.html"
-    return render(request, template, {"passage": passage_context(chunk), "document": chunk.document})
+    return render(request, template, {"passage": passage_context(chunk, request.reader), "document": chunk.document})
 
 
 # --------------------------------------------------------------------------- documents
@@ -321,11 +355,12 @@ _LISTED_FIELDS = (
     "chunks_embedded",
     "updated_at",
     "collection__name",
+    "readers",
 )
 
 
 def _document_list(request, *, page_number=None, note: str = "") -> dict:
-    in_workspace = in_workspaces(Document, request.workspace)
+    in_workspace = in_workspaces(Document, request.workspace, request.reader)
     listed = in_workspace.select_related("collection").only(*_LISTED_FIELDS)
     page = Paginator(listed, DOCUMENTS_PER_PAGE).get_page(page_number or request.GET.get("page"))
     counts = dict(in_workspace.order_by().values_list("status").annotate(count=Count("pk")))
@@ -348,11 +383,11 @@ class UploadOutcome:
     message: str
 
 
-def _upload(collection, files) -> list[UploadOutcome]:
+def _upload(collection, files, readers: list[str] | None, uploader: Reader) -> list[UploadOutcome]:
     """What became of each file (``documents_upload``: all or nothing, as in the API)."""
     names = [source_name_clean(file.name) for file in files]
     try:
-        stored = documents_upload(collection=collection, files=files)
+        stored = documents_upload(collection=collection, files=files, readers=readers, uploader=uploader)
     except DocumentRejected as exc:
         refusals = getattr(exc, "refusals", [exc])
         return [
@@ -391,7 +426,10 @@ def upload(request):
             return render(request, "search/_upload_report.html", {"refused": _form_errors(form)}, status=422)
         messages.error(request, _form_errors(form))
         return redirect("ui:documents")
-    outcomes = _upload(form.cleaned_data["collection"], form.cleaned_data["files"])
+    groups = form.cleaned_data["readers"]
+    # Restricted to groups: the uploader too, who would otherwise lose sight of the upload.
+    readers = readers_for(users=[request.user.pk], groups=[group.pk for group in groups]) if groups else None
+    outcomes = _upload(form.cleaned_data["collection"], form.cleaned_data["files"], readers, request.reader)
     if request.htmx:
         added = sum(outcome.kind == "added" for outcome in outcomes)
         note = ngettext("%(added)s of %(total)s file added.", "%(added)s of %(total)s files added.", len(outcomes))
@@ -408,8 +446,33 @@ def upload(request):
     return redirect("ui:documents")
 
 
-def _member_document(request, document_id) -> Document:
-    return get_object_or_404(in_workspaces(Document, request.workspaces).select_related("collection"), pk=document_id)
+def _member_document(request, document_id, action: str | None = None) -> Document:
+    """The document, if the user may read it; else 404, and an ``action`` refused goes to the
+    audit log (an attempt at another's document is what an auditor looks for)."""
+    document = (
+        in_workspaces(Document, request.workspaces, request.reader)
+        .select_related("collection")
+        .filter(pk=document_id)
+        .first()
+    )
+    if document is None:
+        if action is not None:
+            audit_record(
+                action, user=request.user, request=request, target=f"document:{document_id}", outcome="not_found"
+            )
+        raise Http404("no such document")
+    return document
+
+
+def _document_audit(request, action: str, document: Document, **detail) -> None:
+    audit_record(
+        action,
+        user=request.user,
+        request=request,
+        workspace_id=document.collection.workspace_id,
+        target=f"document:{document.pk}",
+        detail={"title": document.title, **detail},
+    )
 
 
 def _after_document_action(request, note: str):
@@ -431,7 +494,8 @@ def document_retry_view(request, document_id):
 @member_required
 def document_file(request, document_id):
     """The document's original file, as uploaded, under its name (a Japanese one too)."""
-    document = _member_document(request, document_id)
+    document = _member_document(request, document_id, Action.DOCUMENT_DOWNLOAD)
+    _document_audit(request, Action.DOCUMENT_DOWNLOAD, document)
     try:
         return document_file_response(request, document)
     except FileNotFoundError:

@@ -12,9 +12,11 @@ from functools import wraps
 
 from django.contrib.auth.views import redirect_to_login
 from django.shortcuts import render
+from django.utils.functional import SimpleLazyObject
 from django_htmx.http import HttpResponseClientRedirect
 
 from frontdoors.ui.languages import language_apply, language_remember
+from search.access import reader_of_user
 from search.models import Workspace
 from search.scoping import workspaces_visible_to
 
@@ -32,7 +34,7 @@ def workspace_choose(request, workspace: Workspace) -> None:
 
 def member_required(view):
     """Log in first, then set ``request.workspaces`` (the user's) and ``request.workspace``
-    (the session's choice, else the first); a user without any membership is told so. The
+    (the session's choice, else the first) and ``request.reader``; a user without any membership is told so. The
     page speaks the user's saved language, if any (``frontdoors.ui.languages``)."""
 
     @wraps(view)
@@ -54,6 +56,8 @@ def member_required(view):
             workspace_choose(request, current)
         request.workspaces = workspaces
         request.workspace = current
+        # What this user may read (search.access), read on the first use: most pages need none.
+        request.reader = SimpleLazyObject(lambda: reader_of_user(request.user))
         return language_remember(request, view(request, *args, **kwargs))
 
     return wrapper

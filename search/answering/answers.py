@@ -42,11 +42,12 @@ answer at once, with its reason: an answer from part of its sources would not sa
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -71,6 +72,7 @@ from ragsite.logs import request_received_at
 from ragsite.outages import outage_of
 from ragsite.redis import redis_async_client, redis_client
 from search import analysis
+from search.access import WORKSPACE, Reader, documents_unreadable
 from search.answering import abstention, conversations, prompting, rewriting, wording
 from search.answering.extractive import extractive_answer
 from search.answering.streaming import OUTCOME_KIND, SENTENCE, Checking, checking_of, scoring, scoring_collection
@@ -120,6 +122,8 @@ def answer_create(
     plan: router.Plan | None = None,
     conversation: Conversation | None = None,
     history: list[conversations.Turn] | None = None,
+    documents_excluded: Iterable[int] = (),
+    reader: Reader = WORKSPACE,
 ) -> Answer:
     """Answer ``question`` from ``collections`` (default: all of the workspace's); see the module docstring.
 
@@ -137,6 +141,10 @@ def answer_create(
     extractive answer is admitted against them too, and costs nothing.
     ``speculative``: this request's speculative options (``{"enabled", "draft_model", "k"}``),
     which choose the endpoint that serves it (``inference.router.plan``); None: the route's.
+    ``documents_excluded``: ids of documents retrieval leaves out, as if they were not there
+    (``eval_answers --removed-source``: a question whose own passage is gone).
+    ``reader``: who asks (search.access): retrieval reads only what it may read, and an earlier
+    turn's answer that cites a document it may no longer read is left out of the history.
     ``plan``: the caller's ``router.plan`` for this request (``route_name``, ``client_id`` and
     ``speculative`` as given here), taken instead of planning again; None: planned here. The
     plan that served is ``answer.plan`` on the returned instance (None when extractive).
@@ -172,7 +180,7 @@ def answer_create(
     elif conversation.workspace_id != workspace.pk:
         raise AnswerError("conversation", "the conversation is not in this workspace")
     else:
-        history = conversations.history_of(conversation)
+        history = conversations.history_of(conversation, reader=reader)
     answer = Answer(workspace=workspace, asker=asker, client_id=client_id, question=question, retrieval_query=question)
     answer.conversation = conversation
     answer.history = history or []  # for this call only: the turns the question is read with
@@ -181,6 +189,8 @@ def answer_create(
         answer.timings["request_ms"] = round(max(0.0, answer.created_at.timestamp() - received) * 1000, 2)
     answer.client_key = client_key  # for this call only; the ledger rows record it
     answer.chosen_collections = chosen  # likewise: linked when the row is stored
+    answer.documents_excluded = list(documents_excluded)  # likewise
+    answer.reader = reader  # likewise
     try:
         return _answer_run(answer, chosen, route_name, top_k, max_tokens, temperature, started, speculative, plan)
     except Exception as exc:
@@ -272,7 +282,12 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     if collections:
         try:
             sources = sources_retrieved(
-                answer.retrieval_query, workspace=answer.workspace, collections=collections, top_k=top_k
+                answer.retrieval_query,
+                workspace=answer.workspace,
+                collections=collections,
+                top_k=top_k,
+                documents_excluded=answer.documents_excluded,
+                reader=answer.reader,
             )
         except SearchError as exc:
             raise AnswerError("collections", str(exc)) from None
@@ -353,7 +368,15 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     return answer
 
 
-def sources_retrieved(question: str, *, workspace, collections, top_k: int) -> list[prompting.Source]:
+def sources_retrieved(
+    question: str,
+    *,
+    workspace,
+    collections,
+    top_k: int,
+    documents_excluded: Sequence[int] = (),
+    reader: Reader = WORKSPACE,
+) -> list[prompting.Source]:
     """The ``top_k`` chunks that answer ``question`` (hybrid search), numbered.
 
     A question in parts ("2025年度第3四半期と2026年度第2四半期の売上高をそれぞれ", "What is X, and
@@ -371,6 +394,8 @@ def sources_retrieved(question: str, *, workspace, collections, top_k: int) -> l
             top_k=top_k,
             snippets=False,
             syntax="question",  # a question's quotation marks quote; they do not filter
+            documents_excluded=list(documents_excluded),
+            reader=reader,
         ).hits
         for query in queries
     ]
@@ -534,6 +559,34 @@ def _stream_stored(answer: Answer) -> None:
         writer.write("answer", **answer_record(answer))
     except redis.RedisError as exc:  # the stored answer stands; readers fall back to it
         logger.warning("answer %s not streamed: %s", answer.id, exc)
+
+
+def answers_readable(answers: Iterable[Answer], reader: Reader) -> list[Answer]:
+    """The answers as ``reader`` may see them (search.access): one whose sources include a
+    document it may not read (someone else's answer, or its own before it lost access) keeps
+    its question and status, and loses its text, sources, citations and checks (``withheld``
+    set; a copy, never saved). Its passages must not reach anyone their document leaves out."""
+    answers = list(answers)
+    unreadable = documents_unreadable(
+        {source["document_id"] for answer in answers for source in answer.sources or ()}, reader
+    )
+    shown = []
+    for answer in answers:
+        if any(source["document_id"] in unreadable for source in answer.sources or ()):
+            answer = copy.copy(answer)
+            # Said in the question's language, as the answer's other sentences about itself are.
+            answer.text = wording.said("withheld", analysis.language_of(answer.question))
+            answer.sources, answer.citations = [], []
+            answer.verification, answer.grounded, answer.retrieval_query = {}, None, answer.question
+            answer.stats = {key: value for key, value in answer.stats.items() if key in _STATS_WITHOUT_TEXT}
+            answer.withheld = True
+        shown.append(answer)
+    return shown
+
+
+# Figures of an answer that hold none of its passages' words (its other stats may: the
+# follow-up's query, the quoted sentences' scores beside them...).
+_STATS_WITHOUT_TEXT = frozenset({"prompt_tokens", "completion_tokens", "total_tokens", "cost_usd"})
 
 
 def answer_record(answer: Answer) -> dict:

@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from ragsite.errors import DomainError
 from search import analysis
+from search.access import OPERATOR, Reader, documents_unreadable
 from search.answering.prompting import citation_markers
 from search.models import Answer, Collection, Conversation, Workspace
 from search.scoping import in_workspaces
@@ -182,20 +183,34 @@ def text_without_markers(text: str) -> str:
     return "".join(pieces).strip()
 
 
-def history_of(conversation: Conversation | None, *, before=None) -> list[Turn]:
+def history_of(conversation: Conversation | None, *, before=None, reader: Reader = OPERATOR) -> list[Turn]:
     """The conversation's latest ``HISTORY_TURNS_MAX`` turns before ``before`` (a time; None:
-    all), oldest first. A turn that failed is left out: its question was not answered."""
+    all), oldest first. A turn that failed is left out: its question was not answered. An
+    answer that cites a document ``reader`` may no longer read (search.access) is left out
+    too, its question kept: the next turn must not be read with, or repeat, what it quoted."""
     if conversation is None or conversation.pk is None:
         return []
     rows = conversation_turns(conversation).exclude(status=Answer.Status.FAILED)
     if before is not None:
         rows = rows.filter(created_at__lt=before)
     latest = list(
-        rows.order_by("-created_at", "-pk").values_list("question", "text", "abstained", "status")[:HISTORY_TURNS_MAX]
+        rows.order_by("-created_at", "-pk").values_list("question", "text", "abstained", "status", "sources")[
+            :HISTORY_TURNS_MAX
+        ]
+    )
+    unreadable = documents_unreadable(
+        {source["document_id"] for *_, sources in latest for source in sources or ()}, reader
     )
     return [
-        Turn(question=question, answer="" if abstained or status != Answer.Status.DONE else text_without_markers(text))
-        for question, text, abstained, status in reversed(latest)
+        Turn(
+            question=question,
+            answer=""
+            if abstained
+            or status != Answer.Status.DONE
+            or any(source["document_id"] in unreadable for source in sources or ())
+            else text_without_markers(text),
+        )
+        for question, text, abstained, status, sources in reversed(latest)
     ]
 
 

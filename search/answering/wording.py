@@ -21,6 +21,10 @@ _SAID = {
         JAPANESE: "検索したコレクションに、質問に合う箇所はありません。",
     },
     "extracted": {ENGLISH: "Extracted from the sources ({why}):", JAPANESE: "資料から抜粋しました（{why}）："},
+    "withheld": {
+        ENGLISH: "This answer cites documents you may not read, so it is not shown.",
+        JAPANESE: "この回答は閲覧権限のない資料を引用しているため、表示できません。",
+    },
     "quoted": {
         ENGLISH: "Quoted from the sources (nothing in the model's answer was supported by them):",
         JAPANESE: "資料から引用しました（モデルの回答には資料で裏付けられる内容がありませんでした）：",

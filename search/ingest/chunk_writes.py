@@ -237,15 +237,21 @@ def chunks_insert(
     avgdl = collection.bm25_avgdl
     if avgdl <= 0:  # the collection's first documents set the length normalisation
         avgdl = bm25.staging_avgdl(cursor, STAGING_TABLE)
+    # The documents' readers are copied onto their chunks: a change of readers
+    # (search.services.document_readers_set) waits for this transaction, or this one for it.
+    cursor.execute(
+        f"SELECT 1 FROM search_document WHERE id IN (SELECT document_id FROM {STAGING_TABLE}) ORDER BY id FOR SHARE"
+    )
     weights = bm25.WEIGHTS.format(tsvector="search_tsvector(s.ts_config::regconfig, coalesce(s.lexemes, s.text))")
     cursor.execute(
         f"""
         INSERT INTO search_chunk (document_id, collection_id, ordinal, text, start_offset, end_offset,
                                   token_count, embedding_model, embedding_dimensions, embedding, ts_config, lexemes,
-                                  bm25)
+                                  bm25, readers)
         SELECT s.document_id, %(collection)s, s.ordinal, s.text, s.start_offset, s.end_offset, s.token_count,
-               %(model)s, %(dims)s, s.embedding, s.ts_config::regconfig, s.lexemes, {weights}
+               %(model)s, %(dims)s, s.embedding, s.ts_config::regconfig, s.lexemes, {weights}, d.readers
         FROM {STAGING_TABLE} s
+        JOIN search_document d ON d.id = s.document_id  -- its readers: the caller holds its row lock
         ORDER BY s.document_id, s.ordinal
         """,
         {

@@ -24,6 +24,10 @@ BENCHMARKS = {
     "ingest": (["--docs", "4", "--rounds", "1"], ["pipeline_chunks_per_s", "embed_only_chunks_per_s", "ratio"]),
     "text_analysis": (["--texts", "4", "--rounds", "1"], ["analyser_mb_per_s", "embedder_texts_per_s"]),
     "search_scale": (["--n", "400", "--queries", "4", "--passages", "60"], ["recall@10", "hybrid_p50_ms"]),
+    "permissions": (
+        ["--n", "1000", "--queries", "4", "--passages", "60"],
+        ["recall_vs_visible_10pct", "recall_vs_visible_1pct", "p99_ratio_10pct", "p99_ratio_1pct"],
+    ),
     "cost_dashboard": (["--rows", "3000", "--runs", "1"], ["rows", "summary_ms", "comparison_ms"]),
     "worker_routing_cost": (
         ["--requests", "4", "--warmup", "2", "--breakdown", "4"],

@@ -197,6 +197,21 @@ def test_metadata_filter_and_one_hit_per_document(corpus):
     assert len(document_ids) == len(set(document_ids)) == len(CORPUS)
 
 
+def test_excluded_documents_are_not_searched_in_any_mode(corpus):
+    _, _, ids = corpus
+    for mode in ("dense", "keyword", "hybrid"):
+        everything = search(corpus, "approval", mode=mode, top_k=100)
+        first = everything.hits[0].document_id
+        rest = search(corpus, "approval", mode=mode, top_k=100, documents_excluded=[first])
+        assert first not in {hit.document_id for hit in rest.hits}, mode
+        # The others keep their order here (fusion could reorder ties elsewhere): only the excluded
+        # document's chunks are gone.
+        assert [hit.chunk_id for hit in rest.hits] == [
+            hit.chunk_id for hit in everything.hits if hit.document_id != first
+        ], mode
+    assert search(corpus, "approval", documents_excluded=list(ids.values())).hits == []
+
+
 def test_only_the_workspaces_own_collections_can_be_searched(corpus, db):
     _, collection, _ = corpus
     other = workspace_create(name="Other", slug="other")

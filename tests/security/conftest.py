@@ -13,12 +13,20 @@ from dataclasses import dataclass, field
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 
 from billing import client_keys
 from billing.models import ClientKey
+from search.access import readers_for
 from search.answering.answers import answer_create
 from search.models import Answer, Chunk, Collection, Document, Membership, Workspace
-from search.services import collection_create, document_create, document_delete, workspace_create
+from search.services import (
+    collection_create,
+    document_create,
+    document_delete,
+    document_readers_set,
+    workspace_create,
+)
 from tests.frontdoors.api.conftest import DOCUMENTS
 from tests.search.files import ingest_texts
 
@@ -29,6 +37,13 @@ SECRET_DOCUMENTS = {
     "recipe.md": "# Saffron recipe\n\nThe secret saffron glaze simmers for seventeen minutes with juniper and "
     "pomegranate molasses.",
 }
+# A's document that neither A's member nor A's key may read (readers: a group of nobody they
+# are): its words are as secret to them as B's, through every URL (test_tenant_isolation).
+RESTRICTED_TEXTS = {
+    "prototype.md": "# Wombat prototype\n\nCharging the wombat prototype takes eleven minutes in the restricted "
+    "cabinet. The robot battery of the wombat line is classified."
+}
+RESTRICTED_GROUP = "acme-restricted"
 SECRET_COLLECTION = "Zanzibar ledgers"
 SECRET_SENTENCE = "The quokka treasury keeps its marmalade reserves in the Zanzibar vault."
 PASSWORD = "correct horse battery staple"
@@ -48,6 +63,8 @@ class Tenant:
     token: str  # the key's bearer token, every scope
     user: object  # a member (not staff) of this workspace only
     texts: dict[str, str] = field(default_factory=dict)
+    # Ingested, readable only by RESTRICTED_GROUP, which neither the member nor the key reads as.
+    restricted: Document | None = None
 
 
 def _tenant_fill(workspace: Workspace, collection: Collection, texts: dict[str, str], question: str) -> Tenant:
@@ -90,6 +107,11 @@ def tenant_pair_create() -> tuple[Tenant, Tenant]:
     ]
     a = _tenant_fill(workspaces[0], collections[0], DOCUMENTS, "How long does charging take?")
     b = _tenant_fill(workspaces[1], collections[1], SECRET_DOCUMENTS, "Where are the marmalade reserves?")
+    (restricted,) = ingest_texts(collections[0], RESTRICTED_TEXTS)
+    a.restricted = document_readers_set(
+        document=Document.objects.get(pk=restricted),
+        readers=readers_for(groups=[Group.objects.create(name=RESTRICTED_GROUP).pk]),
+    )
     return a, b
 
 
@@ -101,6 +123,7 @@ def tenant_pair_delete(pair: tuple[Tenant, Tenant]) -> None:
             document_delete(document=document)
         tenant.workspace.delete()  # collections, answers, keys, memberships
         tenant.user.delete()
+    Group.objects.filter(name=RESTRICTED_GROUP).delete()
 
 
 @pytest.fixture(scope="module")

@@ -68,6 +68,7 @@ OPERATIONS = {
     "DELETE /api/v1/documents/{document_id}",
     "GET /api/v1/documents/{document_id}/file",
     "POST /api/v1/documents/{document_id}/retry",
+    "POST /api/v1/documents/{document_id}/readers",
     "GET /api/v1/search",
     "POST /api/v1/search",
     "POST /api/v1/answers",
@@ -92,6 +93,7 @@ SEMANTIC_REFUSALS = {
     ("invalid_request", "conversation"): "No conversation",
     ("invalid_request", "text_search_config"): "PostgreSQL has no text-search configuration",
     ("invalid_request", "embedding_model"): "",
+    ("invalid_request", "readers"): "no such ",
     ("document_rejected", "files"): "",
     # metadata is a JSON object sent as a text part: OpenAPI 3.0 describes the part as a string.
     ("invalid_request", "metadata"): "",

@@ -1,5 +1,5 @@
 """Tenant isolation: every URL of the site, called by tenant A with tenant B's ids, shows nothing
-of B's.
+of B's, nor of A's own document that A's member and key may not read (search.access).
 
 ``ROUTES`` says, for every URL pattern of the project (the resolver's full list: the UI, the
 REST API, the OpenAI-compatible API, health, the admin and its billing dashboards), how to call
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from django.contrib.auth.models import Group
 from django.contrib.contenttypes.models import ContentType
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
@@ -31,14 +32,15 @@ from django.utils import translation
 from rest_framework.test import APIClient
 
 from ragsite.models import UserPreference
-from search.models import Answer, Collection, Document
+from search.models import Answer, Chunk, Collection, Document
 from tests.frontdoors.api.test_usage import record
-from tests.security.conftest import SECRET_COLLECTION, SECRET_DOCUMENTS, SECRET_SENTENCE, Tenant
+from tests.security.conftest import RESTRICTED_GROUP, SECRET_COLLECTION, SECRET_DOCUMENTS, SECRET_SENTENCE, Tenant
 
 pytestmark = pytest.mark.django_db
 
-# What would show B: words of its texts, its collection, its answer's question, its member.
-B_MARKERS = ("zanzibar", "quokka", "marmalade", "saffron", "juniper", "pomegranate", "beta-member")
+# What would show B: words of its texts, its collection, its answer's question, its member; and
+# A's restricted document, which A's member and key may not read either ("wombat").
+B_MARKERS = ("zanzibar", "quokka", "marmalade", "saffron", "juniper", "pomegranate", "beta-member", "wombat")
 B_MODEL = "openai:beta-private-embedder"  # given to B's collection by the OpenAI tests below
 
 
@@ -432,6 +434,7 @@ ROUTES: dict[str, Probe] = {
     "api/v1/documents": api_documents,
     "api/v1/documents/<int:document_id>": api_not_found("GET", "DELETE"),
     "api/v1/documents/<int:document_id>/retry": api_not_found("POST"),
+    "api/v1/documents/<int:document_id>/readers": api_not_found("POST"),
     "api/v1/documents/<int:document_id>/file": api_not_found("GET"),
     "api/v1/search": api_search,
     "api/v1/answers": api_answers,
@@ -463,14 +466,14 @@ ROUTES: dict[str, Probe] = {
     "admin/jsi18n/": admin_refused,
     "admin/r/<path:content_type_id>/<path:object_id>/": admin_refused,
     "admin/auth/user/<id>/password/": admin_refused,
-    "admin/^(?P<app_label>auth|search|inference|billing)/$": admin_regex_refused("/admin/search/"),
+    "admin/^(?P<app_label>auth|ragsite|search|inference|billing)/$": admin_regex_refused("/admin/search/"),
     "admin/(?P<url>.*)$": admin_regex_refused("/admin/search/document/{document}/unknown/"),
 }
 # Every model the admin registers: its six pages, each refused (object ids: B's document's).
 ADMIN_MODELS = (
     "auth/group", "auth/user", "search/workspace", "search/collection", "search/document", "inference/provider",
     "inference/upstreamkey", "inference/route", "inference/canaryrelease", "billing/clientkey", "billing/price",
-    "billing/budgetalert", "billing/usagerecord",
+    "billing/budgetalert", "billing/usagerecord", "ragsite/auditevent",
 )  # fmt: skip
 for _model in ADMIN_MODELS:
     for _page in ("", "add/", "<path:object_id>/history/", "<path:object_id>/delete/", "<path:object_id>/change/",
@@ -525,3 +528,36 @@ def test_front_doors_read_tenant_rows_only_through_their_workspace_path():
         if direct.search(line)
     ]
     assert found == []
+
+
+# Every pattern that names a document or a passage, and how A's callers call it.
+RESTRICTED_ROUTES = {
+    "passages/<int:chunk_id>/": ("member", ["GET"]),
+    "documents/<int:document_id>/file/": ("member", ["GET"]),
+    "documents/<int:document_id>/retry/": ("member", ["POST"]),
+    "documents/<int:document_id>/delete/": ("member", ["POST"]),
+    "api/v1/documents/<int:document_id>": ("key", ["GET", "DELETE"]),
+    "api/v1/documents/<int:document_id>/retry": ("key", ["POST"]),
+    "api/v1/documents/<int:document_id>/file": ("key", ["GET"]),
+    "api/v1/documents/<int:document_id>/readers": ("key", ["POST"]),
+}
+
+
+def test_every_pattern_naming_a_document_or_passage_is_walked_with_a_restricted_one():
+    naming = {route for route, _ in PATTERNS if "<int:document_id>" in route or "<int:chunk_id>" in route}
+    assert naming == set(RESTRICTED_ROUTES)
+
+
+@pytest.mark.parametrize("route", sorted(RESTRICTED_ROUTES))
+def test_a_document_its_workspace_may_not_read_is_not_found_there(route, caller):
+    """A's own restricted document, by its real ids: as missing as one that never existed."""
+    restricted = caller.a.restricted
+    ids = {"document_id": str(restricted.pk), "chunk_id": str(Chunk.objects.filter(document=restricted).first().pk)}
+    who, methods = RESTRICTED_ROUTES[route]
+    client = caller.key if who == "key" else caller.member
+    for method in methods:
+        response = caller.call(client, method, fill(route, ids))
+        assert response.status_code == 404, (method, route, response.text[:500])
+    restricted.refresh_from_db()
+    assert restricted.readers == [f"g:{Group.objects.get(name=RESTRICTED_GROUP).pk}"]
+    assert Document.objects.get(pk=restricted.pk).status == Document.Status.INDEXED

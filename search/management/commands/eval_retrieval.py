@@ -42,6 +42,7 @@ from search import analysis
 from search import bulk_load as bulk
 from search import conversational_eval as conversational
 from search import reference_rankings as reference
+from search.access import OPERATOR
 from search.answering import rewriting
 from search.answering.conversations import Turn, followup_terms
 from search.beir import corpus_read, is_beir_dir, mrr_at, ndcg_at, qrels_read, queries_read, recall_at
@@ -191,6 +192,7 @@ class Command(DatabaseCommand):
             candidates=self.candidates,
             snippets=False,
             syntax="question",
+            reader=OPERATOR,  # the whole collection, whoever may read which part of it
         )
         elapsed = (time.perf_counter() - started) * 1000
         # A document of a collection beside holds its place in the ranking, judged irrelevant.

@@ -8,8 +8,10 @@ from django.core.management.base import CommandError
 from django.db.models import Count
 from tqdm import tqdm
 
+from ragsite.audit import Action, audit_record
 from ragsite.commands import DatabaseCommand
 from search import bulk_load as bulk
+from search.access import EVERYONE, AccessError, readers_for
 from search.beir import is_beir_dir
 from search.embedders import DEFAULT_EMBEDDER
 from search.models import Document
@@ -33,26 +35,52 @@ class Command(DatabaseCommand):
         parser.add_argument(
             "--queue", action="store_true", help="Enqueue on the ingest queue instead of ingesting in this process."
         )
+        parser.add_argument(
+            "--reader-user",
+            action="append",
+            default=[],
+            metavar="USERNAME",
+            help="Only this user (and any other --reader-user or --reader-group) may read the new documents.",
+        )
+        parser.add_argument(
+            "--reader-group",
+            action="append",
+            default=[],
+            metavar="GROUP",
+            help="Only this group's members (and other named readers) may read the new documents.",
+        )
 
-    def handle(self, *args, paths, workspace, collection, model, language, queue, **options):
+    def handle(self, *args, paths, workspace, collection, model, language, queue, reader_user, reader_group, **options):
+        try:
+            readers = readers_for(users=reader_user, groups=reader_group)
+        except AccessError as exc:
+            raise CommandError(exc.message) from None
         ws = workspace_create(name=workspace.title(), slug=workspace)
         target = collection_create(workspace=ws, name=collection, embedding_model=model, text_search_config=language)
         new_ids: list[int] = []
         refused: list[str] = []
         for path in paths:
             if path.is_dir() and is_beir_dir(path):
-                ids, rejected = bulk.beir_store(target, path)
+                ids, rejected = bulk.beir_store(target, path, readers=readers)
                 new_ids += ids
                 refused += rejected
             else:
                 try:
-                    ids, rejected = bulk.files_store(target, bulk.files_under([path]))
+                    ids, rejected = bulk.files_store(target, bulk.files_under([path]), readers=readers)
                 except FileNotFoundError as exc:
                     raise CommandError(str(exc)) from None
                 new_ids += ids
                 refused += rejected
         for reason in refused:
             self.stderr.write(f"refused: {reason}")
+        if readers != [EVERYONE] and new_ids:
+            audit_record(
+                Action.READERS_CHANGE,
+                actor="operator",
+                workspace_id=ws.pk,
+                target=f"collection:{target.pk}",
+                detail={"documents": new_ids[:1000], "after": readers, "by": "manage.py ingest"},
+            )
         todo = bulk.pending(target)
         self.stdout.write(f"{len(new_ids)} new documents; {len(todo)} to ingest into {ws.slug}/{target.name}")
         if queue:

@@ -19,6 +19,7 @@ ENDPOINTS = {
     "/api/v1/documents/{document_id}": {"get", "delete"},
     "/api/v1/documents/{document_id}/file": {"get"},
     "/api/v1/documents/{document_id}/retry": {"post"},
+    "/api/v1/documents/{document_id}/readers": {"post"},
     "/api/v1/search": {"get", "post"},
     "/api/v1/answers": {"post"},
     "/api/v1/answers/{answer_id}": {"get"},
