@@ -1,14 +1,16 @@
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
 from frontdoors import readiness, scrape
+from frontdoors.ui import sign_in
 
 admin.site.site_header = "RAG search administration"
 admin.site.site_title = "RAG search admin"
 admin.site.index_template = "billing/dashboard/admin_index.html"  # the admin index, with links to the dashboards
+# The admin signs in where everyone does: single sign-on, and passwords as configured.
+admin.site.login = sign_in.admin_sign_in
 
 urlpatterns = [
     # The machine doors first: a path is matched against the patterns in order, and every
@@ -17,8 +19,11 @@ urlpatterns = [
     path("v1/", include("frontdoors.openai_api.urls")),
     path("api/", include("frontdoors.api.urls")),
     path("", include("frontdoors.ui.urls")),  # the browser UI; its search page is the home page
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
-    path("accounts/logout/", auth_views.LogoutView.as_view(next_page="login"), name="logout"),
+    path("accounts/login/", sign_in.SignInView.as_view(), name="login"),
+    path("accounts/logout/", sign_in.sign_out, name="logout"),
+    # Single sign-on (ragsite/identity.py): to the provider, and back.
+    path("accounts/oidc/start/", sign_in.OpenIDStartView.as_view(), name="oidc_start"),
+    path("accounts/oidc/callback/", sign_in.OpenIDCallbackView.as_view(), name="oidc_callback"),
     path("healthz", readiness.healthz, name="healthz"),
     # Pages without an icon link (the admin's, the API docs) make browsers ask for this.
     path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True), name="favicon"),

@@ -1,5 +1,6 @@
 """The audit log in the admin console: read-only, for staff given ``ragsite.view_auditevent``
-(an auditor's group), with its rows exported as CSV (the filter and search applied)."""
+(an auditor's group), with its rows exported as CSV (the filter and search applied); and who
+signs in through the identity provider, and which groups it provides."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from django.contrib import admin
 from django.http import HttpResponse
 from django.utils import timezone
 
-from ragsite.models import AuditEvent
+from ragsite.models import AuditEvent, Identity, ProvidedGroup
 
 CSV_FIELDS = ("at", "action", "actor", "actor_name", "workspace_id", "target", "outcome", "client_ip",
               "user_agent", "request_id", "detail")  # fmt: skip
@@ -54,3 +55,22 @@ class AuditEventAdmin(ReadOnlyAdmin):
             row["detail"] = json.dumps(event.detail, ensure_ascii=False)
             writer.writerow(row.values())
         return response
+
+
+@admin.register(Identity)
+class IdentityAdmin(admin.ModelAdmin):
+    """Made by sign-ins (ragsite.identity); deleting one unlinks the user from the provider's
+    subject (their next sign-in makes a new user), which is why it is the only change allowed."""
+
+    list_display = ["user", "subject", "issuer", "signed_in_at", "created_at"]
+    search_fields = ["user__username", "subject"]
+    readonly_fields = ["user", "issuer", "subject", "signed_in_at", "created_at"]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(ProvidedGroup)
+class ProvidedGroupAdmin(ReadOnlyAdmin):
+    list_display = ["group", "issuer", "created_at"]
+    search_fields = ["group__name"]

@@ -53,3 +53,35 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target} {self.outcome}"
+
+
+class Identity(models.Model):
+    """A user as their identity provider knows them: the issuer and its subject, which stay
+    when an e-mail address or a name changes (OpenID Connect Core 5.7). A sign-in by single
+    sign-on finds its user here and nowhere else: never by e-mail (ragsite.identity)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="identities")
+    issuer = models.CharField(max_length=300)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+    signed_in_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="identity_unique_subject")]
+        verbose_name_plural = "identities"
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.subject} at {self.issuer})"
+
+
+class ProvidedGroup(models.Model):
+    """A group whose members the identity provider says (its groups claim): on each sign-in a
+    user's memberships of provided groups become exactly the claim's; groups made by hand
+    are left as they are."""
+
+    group = models.OneToOneField("auth.Group", on_delete=models.CASCADE, primary_key=True, related_name="provided")
+    issuer = models.CharField(max_length=300)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.group} (from {self.issuer})"

@@ -13,6 +13,7 @@ import re
 import secrets
 from decimal import Decimal
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -397,6 +398,29 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "ui:search"
 
+# Signing in (docs/access.md, "Signing in"): single sign-on by OpenID Connect when a discovery
+# URL is set (the authorization code flow with PKCE, through mozilla-django-oidc: the provider's
+# endpoints and keys are read from its discovery document at sign-in, ragsite/identity.py), and
+# passwords unless PASSWORD_SIGN_IN turns them off ("superusers": only for them, a way in when
+# the provider is down).
+OIDC_DISCOVERY_URL = env_url("OIDC_DISCOVERY_URL", ("https", "http")) or ""
+OIDC_RP_CLIENT_ID = env_str("OIDC_CLIENT_ID", "", required=bool(OIDC_DISCOVERY_URL))
+OIDC_RP_CLIENT_SECRET = env_str("OIDC_CLIENT_SECRET", "", required=bool(OIDC_DISCOVERY_URL))
+OIDC_RP_SIGN_ALGO = env_choice("OIDC_SIGN_ALGORITHM", "RS256", ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512"))
+OIDC_RP_SCOPES = env_str("OIDC_SCOPES", "openid email profile")
+OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+OIDC_PROVIDER_NAME = env_str("OIDC_PROVIDER_NAME", "")  # empty: "single sign-on", translated
+OIDC_USE_PKCE = True
+OIDC_STORE_ID_TOKEN = True  # the hint of the provider's sign-out (RP-initiated logout)
+OIDC_TIMEOUT = env_int("OIDC_TIMEOUT_S", 10, minimum=1)
+OIDC_CLOCK_SKEW_S = env_int("OIDC_CLOCK_SKEW_S", 60, minimum=0, maximum=600)
+OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_callback"
+PASSWORD_SIGN_IN = env_choice("PASSWORD_SIGN_IN", "on", ("on", "superusers", "off"))
+AUTHENTICATION_BACKENDS = [
+    "ragsite.identity.PasswordBackend",
+    *(["ragsite.identity.OpenIDBackend"] if OIDC_DISCOVERY_URL else []),
+]
+
 # The interface speaks Japanese and English (docs/ui.md "Languages"); English where the browser
 # asks for neither. Names in their own language, as the header's switcher shows them.
 LANGUAGE_CODE = "en"
@@ -449,9 +473,16 @@ SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", PRODUCTION)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
+
+
 # Every page's scripts come from our own static files (no inline script, no eval, no CDN),
 # in development too, so the browser tests run under the production policy. Inline styles
 # stay allowed: htmx injects its indicator style and plotly styles its charts.
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": ["'self'"],
@@ -462,7 +493,10 @@ CONTENT_SECURITY_POLICY = {
         "connect-src": ["'self'"],
         "object-src": ["'none'"],
         "base-uri": ["'self'"],
-        "form-action": ["'self'"],
+        # Signing out posts a form that the site answers with a redirect to the identity
+        # provider's sign-out (ragsite/identity.py), and browsers hold redirects after a form
+        # to form-action too: the provider's origin, that of its discovery document.
+        "form-action": ["'self'", *([_origin(OIDC_DISCOVERY_URL)] if OIDC_DISCOVERY_URL else [])],
         "frame-ancestors": ["'none'"],
     }
 }

@@ -423,6 +423,9 @@ ROUTES: dict[str, Probe] = {
     "language/": ui_language,
     "accounts/login/": public("GET", "/accounts/login/", 200),
     "accounts/logout/": logout,
+    # Single sign-on is not set up here (tests/security/test_single_sign_on.py sets it up).
+    "accounts/oidc/start/": public("GET", "/accounts/oidc/start/", 404),
+    "accounts/oidc/callback/": public("GET", "/accounts/oidc/callback/", 404),
     # Health and the like: no objects.
     "healthz": public("GET", "/healthz", 200),
     "readyz": public("GET", "/readyz", 200, 503),
@@ -453,7 +456,7 @@ ROUTES: dict[str, Probe] = {
     "v1/embeddings": openai_embeddings,
     "v1/^.*$": openai_unknown,
     # Admin and its billing dashboards: A's member, not staff.
-    "admin/login/": public("GET", "/admin/login/", 200),
+    "admin/login/": public("GET", "/admin/login/", 302),  # to the site's sign-in page
     "admin/billing/dashboard/": admin_refused,
     "admin/billing/dashboard/cost.csv": admin_refused,
     "admin/billing/dashboard/charts/": admin_refused,
