@@ -122,6 +122,12 @@ class OpenIDBackend(OIDCAuthenticationBackend):
         self.OIDC_OP_JWKS_ENDPOINT = configuration["jwks_uri"]
         return super().authenticate(request, **kwargs)
 
+    def get_user(self, user_id):
+        """The session's user, while active: a user deactivated here (or by the provider's
+        provisioning) is signed out at their next request, as Django's own backend does."""
+        user = super().get_user(user_id)
+        return user if user is not None and user.is_active else None
+
     def get_token(self, payload):
         try:
             return super().get_token(payload)
@@ -224,15 +230,20 @@ def identity_sign_in(*, issuer: str, claims: dict):
 
 def _identity_create(issuer: str, subject: str, claims: dict):
     User = get_user_model()
-    try:
-        with transaction.atomic():
-            user = User(username=_free_username(claims))
-            user.set_unusable_password()  # signs in through the provider only
-            user.save()
-            return Identity.objects.create(user=user, issuer=issuer, subject=subject)
-    except IntegrityError:
-        # The same person's first sign-in in another tab won the race: theirs is the user.
-        return Identity.objects.select_related("user").select_for_update().get(issuer=issuer, subject=subject)
+    for _ in range(3):
+        try:
+            with transaction.atomic():
+                user = User(username=_free_username(claims))
+                user.set_unusable_password()  # signs in through the provider only
+                user.save()
+                return Identity.objects.create(user=user, issuer=issuer, subject=subject)
+        except IntegrityError:
+            # The same person's first sign-in in another tab won the race (theirs is the user),
+            # or another person's took the username a moment ago (another name is tried).
+            won = Identity.objects.select_related("user").select_for_update().filter(issuer=issuer, subject=subject)
+            if won.exists():
+                return won.get()
+    raise SignInRefused(f"no user could be made for subject {subject!r}: its usernames kept being taken")
 
 
 def _free_username(claims: dict) -> str:

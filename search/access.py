@@ -9,6 +9,9 @@ listing keeps only rows whose readers overlap them. Design notes: docs/access.md
 
 Ids are never reused (PostgreSQL sequences), so a deleted user's or group's principal left
 on a document names nobody: it grants nothing.
+
+What a member may do besides reading is their role in the workspace (``role_in``: viewer,
+editor, admin), given to them or to a group of theirs.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
 from ragsite.errors import DomainError
-from search.models import Document
+from search.models import Document, Membership, Role, Workspace, WorkspaceGroup
 
 EVERYONE = "*"  # every reader of the document's workspace
 # A restricted document, in SQL: the predicate of the partial index that holds them
@@ -80,12 +83,35 @@ def reader_of_key(key) -> Reader:
     member of the key's workspace, its group's, or else the workspace's open documents."""
     user = key.acts_for_user
     if user is not None:
-        if user.is_active and (user.is_superuser or user.memberships.filter(workspace_id=key.workspace_id).exists()):
+        if role_in(user, key.workspace_id) is not None:
             return reader_of_user(user)
         return WORKSPACE
     if key.acts_for_group_id is not None:
         return Reader(principals=(EVERYONE, group_principal(key.acts_for_group_id)))
     return WORKSPACE
+
+
+_ROLE_RANK = {Role.VIEWER: 0, Role.EDITOR: 1, Role.ADMIN: 2}
+
+
+def role_in(user, workspace: Workspace | int) -> str | None:
+    """``user``'s role in ``workspace``: the highest of their membership's and their groups'
+    (``WorkspaceGroup``), admin for a superuser, None for someone who is not in it."""
+    if user is None or not getattr(user, "is_authenticated", False) or not user.is_active:
+        return None
+    if user.is_superuser:
+        return Role.ADMIN
+    roles = [
+        *Membership.objects.filter(workspace=workspace, user=user).values_list("role", flat=True),
+        *WorkspaceGroup.objects.filter(workspace=workspace, group__user=user).values_list("role", flat=True),
+    ]
+    return max(roles, key=_ROLE_RANK.__getitem__, default=None)
+
+
+def may_change_documents(user, workspace: Workspace | int) -> bool:
+    """Upload, retry and delete documents and set their readers: editors and admins."""
+    role = role_in(user, workspace)
+    return role is not None and _ROLE_RANK[role] >= _ROLE_RANK[Role.EDITOR]
 
 
 def readers_for(*, users: Iterable[int | str] = (), groups: Iterable[int | str] = ()) -> list[str]:

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from search.models import Collection, Document, Membership, Workspace
+from search.models import Collection, Document, Membership, Workspace, WorkspaceGroup
 
 
 class MembershipInline(admin.TabularInline):
@@ -9,12 +9,21 @@ class MembershipInline(admin.TabularInline):
     autocomplete_fields = ["user"]
 
 
+class WorkspaceGroupInline(admin.TabularInline):
+    """Whole groups as members (the identity provider's, or made by hand), each in a role."""
+
+    model = WorkspaceGroup
+    extra = 0
+    autocomplete_fields = ["group"]
+    verbose_name = "group member"
+
+
 @admin.register(Workspace)
 class WorkspaceAdmin(admin.ModelAdmin):
     list_display = ["name", "slug", "created_at"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
-    inlines = [MembershipInline]
+    inlines = [MembershipInline, WorkspaceGroupInline]
 
 
 @admin.register(Collection)

@@ -65,14 +65,22 @@ class Workspace(models.Model):
         return self.name
 
 
+class Role(models.TextChoices):
+    """What a member may do in a workspace (search.scoping.role_in; docs/access.md, "Roles").
+    Reading is always limited by each document's readers, whatever the role."""
+
+    VIEWER = "viewer", "Viewer"  # searches, asks, opens and downloads what its readers allow
+    EDITOR = "editor", "Editor"  # and uploads, retries and deletes documents, and sets their readers
+    ADMIN = "admin", "Admin"  # and the workspace's members, groups and API keys (the admin console)
+
+
 class Membership(models.Model):
-    class Role(models.TextChoices):
-        OWNER = "owner", "Owner"
-        MEMBER = "member", "Member"
+    Role = Role  # Membership.Role, as before roles were shared with WorkspaceGroup
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="memberships")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
-    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    # Editor by default: what a member could do before there were roles.
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.EDITOR)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -80,6 +88,23 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.workspace} ({self.role})"
+
+
+class WorkspaceGroup(models.Model):
+    """Everyone in a group is a member of the workspace in this role: groups from the identity
+    provider (ragsite.identity) give whole departments their workspaces without a row per
+    person. A user in several ways holds the highest of their roles."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="group_grants")
+    group = models.ForeignKey("auth.Group", on_delete=models.CASCADE, related_name="workspace_grants")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workspace", "group"], name="workspace_group_unique")]
+
+    def __str__(self) -> str:
+        return f"group {self.group} in {self.workspace} ({self.role})"
 
 
 class Collection(models.Model):

@@ -14,12 +14,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-from django.db.models import Model, QuerySet
+from django.db.models import Model, Q, QuerySet
 
 from ragsite.errors import DomainError
 from ragsite.rows import Rows, fetch_all
 from search.access import Reader
-from search.models import Collection, Workspace
+from search.models import Collection, Membership, Workspace, WorkspaceGroup
 
 
 class CollectionNotFound(DomainError):
@@ -35,7 +35,10 @@ def workspaces_visible_to(user) -> QuerySet:
     An API key reads its own workspace only, whoever created it (docs/api.md)."""
     if user.is_superuser:
         return Workspace.objects.all()
-    return Workspace.objects.filter(memberships__user=user)
+    # A subquery each (not joins): a user in a workspace twice, directly and by a group, lists it once.
+    direct = Membership.objects.filter(user=user).values("workspace_id")
+    by_group = WorkspaceGroup.objects.filter(group__user=user).values("workspace_id")
+    return Workspace.objects.filter(Q(pk__in=direct) | Q(pk__in=by_group))
 
 
 def in_workspaces(

@@ -26,12 +26,12 @@ from django.contrib.auth.models import AnonymousUser
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions, status
 from rest_framework.authentication import BaseAuthentication
-from rest_framework.permissions import BasePermission
+from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from billing import client_keys
 from billing.models import ClientKey
 from frontdoors.api.errors import WWW_AUTHENTICATE, RestApiError
-from search.access import Reader, reader_of_key, reader_of_user
+from search.access import Reader, may_change_documents, reader_of_key, reader_of_user, role_in
 from search.answering.conversations import client_id_of
 from search.models import Workspace
 from search.scoping import workspaces_visible_to
@@ -97,10 +97,26 @@ def has_scope(key: ClientKey, scope: str | None) -> bool:
     return scope is None or scope in key.scopes or Scope.ADMIN in key.scopes
 
 
-def access_resolve(*, key: ClientKey | None, user, scope: str | None, workspace_slug: str | None) -> Access:
+def access_resolve(
+    *, key: ClientKey | None, user, scope: str | None, workspace_slug: str | None, changes_documents: bool = False
+) -> Access:
     """The caller's ``Access``, or a DRF exception: 401 without a key or session, 403 for a
-    key without ``scope`` or a user in no workspace, 404 for a workspace the caller is not
-    in, 400 when a member of several did not say which."""
+    key without ``scope``, a user in no workspace, or a viewer (or a key acting for one) that
+    ``changes_documents``, 404 for a workspace the caller is not in, 400 when a member of
+    several did not say which."""
+    access = _access_resolve(key=key, user=user, scope=scope, workspace_slug=workspace_slug)
+    acting_user = access.key.acts_for_user if access.key is not None else access.user
+    if changes_documents and acting_user is not None and not may_change_documents(acting_user, access.workspace):
+        role = role_in(acting_user, access.workspace) or "none"
+        raise exceptions.PermissionDenied(
+            f"{acting_user.get_username()}'s role in workspace '{access.workspace.slug}' is {role}: uploading, "
+            "retrying and deleting documents and setting their readers need the editor or admin role.",
+            code="insufficient_role",
+        )
+    return access
+
+
+def _access_resolve(*, key: ClientKey | None, user, scope: str | None, workspace_slug: str | None) -> Access:
     if workspace_slug is not None and not re.fullmatch(WORKSPACE_SLUG_PATTERN, workspace_slug):
         raise RestApiError(status.HTTP_400_BAD_REQUEST, "invalid_request", "not a workspace slug", field="workspace")
     if key is not None:
@@ -158,5 +174,6 @@ class WorkspaceAccess(BasePermission):
             user=request.user,
             scope=view.scope_for(request.method),
             workspace_slug=workspace_slug_of(request),
+            changes_documents=request.method not in SAFE_METHODS and view.scope_for(request.method) == Scope.DOCUMENTS,
         )
         return True

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django import forms
 from django.conf import settings
 from django.contrib.auth.models import Group
+from django.db.models import Q
 from django.utils.translation import gettext, gettext_lazy
 
 from search.answering.answers import QUESTION_MAX_CHARS
@@ -98,10 +99,30 @@ class UploadForm(forms.Form):
         self.fields["files"].widget.attrs["aria-describedby"] = "files-help"  # the help text's element
         if len(collections) == 1:
             self.fields["collection"].initial = collections[0].pk
-        # The groups of this workspace's members: another tenant's groups are not named here.
-        self.fields["readers"].queryset = (
-            Group.objects.filter(user__memberships__workspace=workspace).distinct().order_by("name")
-        )
+        self.fields["readers"].queryset = workspace_groups(workspace)
+
+
+def workspace_groups(workspace):
+    """The groups a document of ``workspace`` may be restricted to: its members' groups and the
+    groups given the workspace. Another tenant's groups are not named here."""
+    members = Q(user__memberships__workspace=workspace)
+    return Group.objects.filter(members | Q(workspace_grants__workspace=workspace)).distinct().order_by("name")
+
+
+class ReadersForm(forms.Form):
+    """Who may read one document, in the browser: groups, or nobody chosen for everyone."""
+
+    groups = forms.ModelMultipleChoiceField(
+        label=gettext_lazy("Who may read it"),
+        queryset=Group.objects.none(),
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text=gettext_lazy("None chosen: everyone in the workspace. Chosen: those groups, and you."),
+    )
+
+    def __init__(self, *args, workspace, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["groups"].queryset = workspace_groups(workspace)
 
 
 class ConversationRenameForm(forms.Form):

@@ -20,6 +20,7 @@ urlpatterns = [
     path("documents/upload/", views.upload, name="upload"),
     path("documents/<int:document_id>/file/", views.document_file, name="document_file"),
     path("documents/<int:document_id>/retry/", views.document_retry_view, name="document_retry"),
+    path("documents/<int:document_id>/readers/", views.document_readers_view, name="document_readers"),
     path("documents/<int:document_id>/delete/", views.document_delete_view, name="document_delete"),
     path("workspace/", views.workspace_switch, name="workspace"),
     path("language/", languages.language_choose, name="language"),  # the header's switcher (POST)

@@ -17,30 +17,38 @@ from dataclasses import dataclass
 import redis
 from asgiref.sync import sync_to_async
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Count, OuterRef, Subquery
-from django.http import Http404, HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpResponse, HttpResponseForbidden, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext, ngettext
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from frontdoors.files import document_file_response
-from frontdoors.ui.forms import MODE_CHOICES, ConversationRenameForm, SearchForm, UploadForm
+from frontdoors.ui.forms import MODE_CHOICES, ConversationRenameForm, ReadersForm, SearchForm, UploadForm
 from frontdoors.ui.languages import domain_text, script_strings
 from frontdoors.ui.rendering import answer_html, passage_context, sources_by_number
 from frontdoors.ui.workspaces import member_required, workspace_choose
 from inference.errors import RouteUnavailable
 from ragsite.audit import Action, audit_record
 from ragsite.errors import DomainError
-from search.access import Reader, answer_readable, reader_of_user, readers_for
+from search.access import Reader, answer_readable, may_change_documents, reader_of_user, readers_for
 from search.answering import conversations
 from search.answering.answers import QUIET, answer_create, answer_events, answers_readable, event_id_valid
 from search.models import Answer, Chunk, Document
 from search.scoping import in_workspaces, workspaces_visible_to
 from search.selectors import chunk_search
-from search.services import DocumentRejected, document_delete, document_retry, documents_upload, source_name_clean
+from search.services import (
+    DocumentRejected,
+    document_delete,
+    document_readers_set,
+    document_retry,
+    documents_upload,
+    source_name_clean,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -374,7 +382,12 @@ def _document_list(request, *, page_number=None, note: str = "") -> dict:
             "%(total)s documents: %(indexed)s indexed, %(in_progress)s in progress, %(failed)s failed.",
             total,
         ) % {"total": total, "indexed": indexed, "in_progress": in_progress, "failed": failed}
-    return {"page": page, "polling": in_progress > 0, "summary": f"{note} {summary}".strip()}
+    return {
+        "page": page,
+        "polling": in_progress > 0,
+        "summary": f"{note} {summary}".strip(),
+        "can_change": may_change_documents(request.user, request.workspace),
+    }
 
 
 @dataclass(frozen=True)
@@ -420,6 +433,10 @@ def _upload(collection, files, readers: list[str] | None, uploader: Reader) -> l
 @member_required
 def upload(request):
     """Store the files as documents, ingestion queued (``documents_upload``: all or nothing)."""
+    if not may_change_documents(request.user, request.workspace):
+        if request.htmx:
+            return render(request, "search/_upload_report.html", {"refused": _viewer_note()}, status=403)
+        return HttpResponseForbidden(_viewer_note())
     form = UploadForm(request.POST, request.FILES, workspace=request.workspace)
     if not form.is_valid():
         if request.htmx:
@@ -475,6 +492,21 @@ def _document_audit(request, action: str, document: Document, **detail) -> None:
     )
 
 
+def _viewer_note() -> str:
+    return gettext(
+        "Your role in this workspace is viewer: ask one of its admins to make you an editor to change documents."
+    )
+
+
+def _changeable_document(request, document_id) -> Document:
+    """A document the user may read and change (an editor or admin of its workspace): 404
+    when they may not read it, 403 when they may only read it."""
+    document = _member_document(request, document_id)
+    if not may_change_documents(request.user, document.collection.workspace_id):
+        raise PermissionDenied(_viewer_note())
+    return document
+
+
 def _after_document_action(request, note: str):
     if request.htmx:
         context = _document_list(request, page_number=request.POST.get("page"), note=note)
@@ -486,7 +518,7 @@ def _after_document_action(request, note: str):
 @require_POST
 @member_required
 def document_retry_view(request, document_id):
-    document = document_retry(document=_member_document(request, document_id))
+    document = document_retry(document=_changeable_document(request, document_id))
     return _after_document_action(request, gettext("“%(title)s” is queued again.") % {"title": document.title})
 
 
@@ -502,10 +534,46 @@ def document_file(request, document_id):
         raise Http404("the file of this document is missing from storage") from None
 
 
+@require_http_methods(["GET", "POST"])
+@member_required
+def document_readers_view(request, document_id):
+    """Who may read a document: its workspace's groups, or everyone. An editor who restricts it
+    stays among its readers, as on upload, rather than locking themselves out."""
+    document = _changeable_document(request, document_id)
+    workspace = document.collection.workspace
+    chosen = {int(principal[2:]) for principal in document.readers if principal.startswith("g:")}
+    posted = request.POST if request.method == "POST" else None  # an empty POST: everyone
+    form = ReadersForm(posted, workspace=workspace, initial={"groups": sorted(chosen)})
+    if request.method == "POST" and form.is_valid():
+        groups = form.cleaned_data["groups"]
+        readers = readers_for(users=[request.user.pk], groups=[group.pk for group in groups]) if groups else ["*"]
+        before = list(document.readers)
+        document = document_readers_set(document=document, readers=readers)
+        audit_record(
+            Action.READERS_CHANGE,
+            user=request.user,
+            request=request,
+            workspace_id=workspace.pk,
+            target=f"document:{document.pk}",
+            detail={"title": document.title, "before": before, "after": list(document.readers)},
+        )
+        if groups:
+            names = ", ".join(group.name for group in groups)
+            note = gettext("“%(title)s” may now be read by %(groups)s and you.") % {
+                "title": document.title,
+                "groups": names,
+            }
+        else:
+            note = gettext("“%(title)s” may now be read by everyone in the workspace.") % {"title": document.title}
+        messages.success(request, note)
+        return redirect("ui:documents")
+    return render(request, "search/document_readers.html", {"document": document, "form": form})
+
+
 @require_POST
 @member_required
 def document_delete_view(request, document_id):
-    document = _member_document(request, document_id)
+    document = _changeable_document(request, document_id)
     document_delete(document=document)
     return _after_document_action(request, gettext("“%(title)s” deleted.") % {"title": document.title})
 

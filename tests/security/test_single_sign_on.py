@@ -91,6 +91,7 @@ def refusals() -> list[str]:
 
 def test_a_first_sign_in_makes_the_user_of_the_subject_with_the_providers_groups(sso):
     subject = sso.user_set("aiko", groups=["finance", "hr"], email="aiko@example.jp", name="Aiko Sato")
+    assert not Group.objects.exists()  # groups the site has never heard of: made, and marked as the provider's
     client = Client()
 
     landed = client.get(code_from_provider(client, sso, "aiko", next_url="/documents/"))
@@ -277,6 +278,7 @@ def test_a_provider_that_is_down_is_said_and_passwords_still_sign_in(sso, settin
         f"the identity provider's discovery document ({sso.discovery_url}) could not be read: "
     )
     assert (password.status_code, signed_in_user(by_password)) == (302, admin)
+    assert list(get_user_model().objects.values_list("username", flat=True)) == ["root"]  # nothing made
     assert AuditEvent.objects.filter(action=Action.SIGN_IN, actor=f"user:{admin.pk}").count() == 1
 
 
@@ -324,3 +326,31 @@ def test_without_a_discovery_url_there_is_no_single_sign_on(settings):
     assert "Sign in with" not in page and 'name="password"' in page
     assert Client().get("/accounts/oidc/start/").status_code == 404
     assert Client().get("/accounts/oidc/callback/", {"code": "x", "state": "y"}).status_code == 404
+
+
+def test_a_providers_group_given_a_workspace_lets_its_people_in_on_their_first_sign_in(sso):
+    from search.models import Role, WorkspaceGroup
+    from search.services import workspace_create
+
+    workspace = workspace_create(name="Finance", slug="finance")
+    WorkspaceGroup.objects.create(workspace=workspace, group=Group.objects.create(name="finance"), role=Role.VIEWER)
+    sso.user_set("kana", groups=["finance"])
+    client = Client()
+
+    client.get(code_from_provider(client, sso, "kana"))
+
+    page = client.get("/documents/").content.decode()
+    assert "Documents in Finance" in page and 'id="viewer-notice"' in page
+
+
+def test_a_user_deactivated_here_is_signed_out_at_their_next_request(sso):
+    sso.user_set("lui")
+    client = Client()
+    client.get(code_from_provider(client, sso, "lui"))
+    lui = signed_in_user(client)
+    assert client.get("/documents/").status_code == 403  # signed in, in no workspace
+
+    lui.is_active = False
+    lui.save()
+
+    assert client.get("/documents/")["Location"] == "/accounts/login/?next=/documents/"

@@ -418,6 +418,7 @@ ROUTES: dict[str, Probe] = {
     "documents/upload/": ui_upload,
     "documents/<int:document_id>/file/": ui_not_found("GET"),
     "documents/<int:document_id>/retry/": ui_not_found("POST"),
+    "documents/<int:document_id>/readers/": ui_not_found("GET", "POST"),
     "documents/<int:document_id>/delete/": ui_not_found("POST"),
     "workspace/": ui_workspace,
     "language/": ui_language,
@@ -476,7 +477,7 @@ ROUTES: dict[str, Probe] = {
 ADMIN_MODELS = (
     "auth/group", "auth/user", "search/workspace", "search/collection", "search/document", "inference/provider",
     "inference/upstreamkey", "inference/route", "inference/canaryrelease", "billing/clientkey", "billing/price",
-    "billing/budgetalert", "billing/usagerecord", "ragsite/auditevent",
+    "billing/budgetalert", "billing/usagerecord", "ragsite/auditevent", "ragsite/identity", "ragsite/providedgroup",
 )  # fmt: skip
 for _model in ADMIN_MODELS:
     for _page in ("", "add/", "<path:object_id>/history/", "<path:object_id>/delete/", "<path:object_id>/change/",
@@ -538,6 +539,7 @@ RESTRICTED_ROUTES = {
     "passages/<int:chunk_id>/": ("member", ["GET"]),
     "documents/<int:document_id>/file/": ("member", ["GET"]),
     "documents/<int:document_id>/retry/": ("member", ["POST"]),
+    "documents/<int:document_id>/readers/": ("member", ["GET", "POST"]),
     "documents/<int:document_id>/delete/": ("member", ["POST"]),
     "api/v1/documents/<int:document_id>": ("key", ["GET", "DELETE"]),
     "api/v1/documents/<int:document_id>/retry": ("key", ["POST"]),

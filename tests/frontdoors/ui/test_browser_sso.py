@@ -6,10 +6,11 @@ of both."""
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
 from search.access import readers_for
-from search.models import Membership
+from search.models import Role, WorkspaceGroup
 from search.services import collection_create, document_readers_set, workspace_create
 from tests.browser import console_errors, wait_until
 from tests.identity_provider.process import IdentityProvider
@@ -24,52 +25,64 @@ def test_sign_in_with_the_provider_read_by_its_groups_and_sign_out_of_both(brows
 
     workspace = workspace_create(name="Acme", slug="acme")
     collection = collection_create(workspace=workspace, name="Plans")
-    budget, salaries = ingest_texts(
+    budget, _ = ingest_texts(
         collection,
-        {"budget-2027.md": "The 2027 budget grows by four percent.", "salaries.md": "Salary bands for 2027."},
+        {"budget-2027.md": "The 2027 budget grows by four percent.", "handbook.md": "The office opens at nine."},
     )
-    Group.objects.create(name="finance")  # made by hand before anyone signed in; the provider then names it
-    Group.objects.create(name="hr")
+    # Made by hand before anyone signed in; the provider then names them. Everyone on the staff
+    # reads the workspace; only finance reads the budget.
+    staff = Group.objects.create(name="staff")
+    Group.objects.create(name="finance")
+    WorkspaceGroup.objects.create(workspace=workspace, group=staff, role=Role.VIEWER)
     document_readers_set(document=collection.documents.get(pk=budget), readers=readers_for(groups=["finance"]))
-    document_readers_set(document=collection.documents.get(pk=salaries), readers=readers_for(groups=["hr"]))
 
     provider = IdentityProvider(tmp_path / "provider")
     provider.start()
     try:
-        provider.user_set("aiko", groups=["finance"], email="aiko@example.jp", name="Aiko Sato")
+        provider.user_set("aiko", groups=["staff", "finance"], email="aiko@example.jp", name="Aiko Sato")
+        provider.user_set("bo", groups=["staff"], email="bo@example.jp", name="Bo Tanaka")
         client = {"OIDC_CLIENT_ID": "rag-search", "OIDC_CLIENT_SECRET": "secret-of-the-relying-party-0123456789"}
         env = {"OIDC_DISCOVERY_URL": provider.discovery_url, "OIDC_PROVIDER_NAME": "Acme ID", **client}
         with start_web(env=env) as base_url:
             provider.client_set(client["OIDC_CLIENT_ID"], client["OIDC_CLIENT_SECRET"], base_url)
-            browser.get(f"{base_url}/documents/")
-            assert "/accounts/login/" in browser.current_url
-            browser.find_element(By.ID, "sso-sign-in").click()
-            wait_until(browser, shown.presence_of_element_located((By.ID, "provider-username")))
-            assert browser.current_url.startswith(provider.base_url)
-            browser.find_element(By.ID, "provider-username").send_keys("aiko")
-            browser.find_element(By.ID, "provider-password").send_keys("provider-password")
-            browser.find_element(By.ID, "provider-sign-in").click()
 
-            # Back at the site, signed in as the provider's user, who is in no workspace yet.
-            wait_until(
-                browser, shown.text_to_be_present_in_element((By.TAG_NAME, "h1"), "You are not in any workspace yet")
-            )
-            assert browser.current_url == f"{base_url}/documents/"
-            from django.contrib.auth import get_user_model
+            def sign_in(username: str) -> str:
+                """Signs in at the provider from the site's documents page; the documents listed."""
+                browser.get(f"{base_url}/documents/")
+                assert "/accounts/login/" in browser.current_url
+                browser.find_element(By.ID, "sso-sign-in").click()
+                wait_until(browser, shown.presence_of_element_located((By.ID, "provider-username")))
+                assert browser.current_url.startswith(provider.base_url)
+                browser.find_element(By.ID, "provider-username").send_keys(username)
+                browser.find_element(By.ID, "provider-password").send_keys("provider-password")
+                browser.find_element(By.ID, "provider-sign-in").click()
+                listed = wait_until(browser, shown.presence_of_element_located((By.ID, "document-list")))
+                assert browser.current_url == f"{base_url}/documents/"
+                return listed.text
 
-            aiko = get_user_model().objects.get(identities__subject__isnull=False, username="aiko")
-            Membership.objects.create(workspace=workspace, user=aiko)
-            console_errors(browser)  # read away: the provider's page asks for a favicon it lacks, the last was a 403
-            browser.get(f"{base_url}/documents/")
-            listed = wait_until(browser, shown.presence_of_element_located((By.ID, "document-list")))
-            assert "budget-2027.md" in listed.text and "salaries.md" not in listed.text
+            def sign_out() -> None:
+                browser.find_element(By.XPATH, "//button[normalize-space()='Log out']").click()
+                wait_until(browser, shown.presence_of_element_located((By.ID, "id_username")))
+                assert browser.current_url == f"{base_url}/accounts/login/"
+
+            # Aiko's first sign-in: her groups come from the provider, the staff group gives her
+            # the workspace, finance the budget.
+            listed = sign_in("aiko")
+            assert "budget-2027.md" in listed and "handbook.md" in listed
+            console_errors(browser)  # read away: the provider's page asks for a favicon it does not have
+            browser.refresh()
+            wait_until(browser, shown.presence_of_element_located((By.ID, "document-list")))
             assert console_errors(browser) == []
-
-            browser.find_element(By.XPATH, "//button[normalize-space()='Log out']").click()
-            wait_until(browser, shown.presence_of_element_located((By.ID, "id_username")))
-            assert browser.current_url == f"{base_url}/accounts/login/"
-            # Signed out at the provider too: starting again asks for the password again.
-            browser.find_element(By.ID, "sso-sign-in").click()
-            wait_until(browser, shown.presence_of_element_located((By.ID, "provider-username")))
+            sign_out()
+            # Signed out at the provider too: Bo signs in with his own password, and sees no budget.
+            listed = sign_in("bo")
+            assert "handbook.md" in listed and "budget-2027.md" not in listed
+            sign_out()
+        users = get_user_model().objects
+        assert sorted(users.filter(identities__issuer=provider.issuer).values_list("username", flat=True)) == [
+            "aiko",
+            "bo",
+        ]
+        assert sorted(users.get(username="aiko").groups.values_list("name", flat=True)) == ["finance", "staff"]
     finally:
         provider.stop()
