@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.db.models import Q
 
 from ragsite.errors import DomainError
 from search.models import Document, Membership, Role, Workspace, WorkspaceGroup
@@ -114,12 +115,20 @@ def may_change_documents(user, workspace: Workspace | int) -> bool:
     return role is not None and _ROLE_RANK[role] >= _ROLE_RANK[Role.EDITOR]
 
 
-def readers_for(*, users: Iterable[int | str] = (), groups: Iterable[int | str] = ()) -> list[str]:
+def readers_for(
+    *, users: Iterable[int | str] = (), groups: Iterable[int | str] = (), workspace: Workspace | int | None = None
+) -> list[str]:
     """A document's readers: open to its workspace when no user or group is named, else
     exactly the named ones, each by id or by name (a username, a group's name). Raises
-    ``AccessError`` naming every one that does not exist."""
-    user_ids, missing = _ids(get_user_model(), get_user_model().USERNAME_FIELD, users, "user")
-    group_ids, missing_groups = _ids(Group, "name", groups, "group")
+    ``AccessError`` naming every one that does not exist. With ``workspace`` (the front doors),
+    only its people and groups (``workspace_people``, ``workspace_groups``) exist: another
+    tenant's user or group is missing in the same words as one nobody made, so a refusal does
+    not tell whether a name is taken elsewhere."""
+    User = get_user_model()
+    people = User.objects.all() if workspace is None else workspace_people(workspace)
+    named_groups = Group.objects.all() if workspace is None else workspace_groups(workspace)
+    user_ids, missing = _ids(people, User.USERNAME_FIELD, users, "user")
+    group_ids, missing_groups = _ids(named_groups, "name", groups, "group")
     if missing or missing_groups:
         raise AccessError(f"no such {', '.join(missing + missing_groups)}: a document's readers must exist")
     if not user_ids and not group_ids:
@@ -127,8 +136,23 @@ def readers_for(*, users: Iterable[int | str] = (), groups: Iterable[int | str] 
     return [user_principal(pk) for pk in user_ids] + [group_principal(pk) for pk in group_ids]
 
 
-def _ids(model, name_field: str, named: Iterable[int | str], kind: str) -> tuple[list[int], list[str]]:
-    """The ids of ``model`` rows named by id or by ``name_field``, and the names of those missing."""
+def workspace_people(workspace: Workspace | int):
+    """The users in ``workspace``: its members, directly or by a group."""
+    direct = Membership.objects.filter(workspace=workspace).values("user_id")
+    by_group = WorkspaceGroup.objects.filter(workspace=workspace).values("group_id")
+    return get_user_model().objects.filter(Q(pk__in=direct) | Q(groups__in=by_group)).distinct()
+
+
+def workspace_groups(workspace: Workspace | int):
+    """The groups a document of ``workspace`` may be restricted to: its members' groups and the
+    groups given the workspace."""
+    members = Membership.objects.filter(workspace=workspace).values("user_id")
+    granted = WorkspaceGroup.objects.filter(workspace=workspace).values("group_id")
+    return Group.objects.filter(Q(user__in=members) | Q(pk__in=granted)).distinct()
+
+
+def _ids(rows, name_field: str, named: Iterable[int | str], kind: str) -> tuple[list[int], list[str]]:
+    """The ids of ``rows`` named by id or by ``name_field``, and the names of those missing."""
     named = list(named)
     for item in named:
         if isinstance(item, bool) or not isinstance(item, int | str):
@@ -137,10 +161,10 @@ def _ids(model, name_field: str, named: Iterable[int | str], kind: str) -> tuple
             raise AccessError(f"no such {kind} {item}: a document's readers must exist")
     wanted_ids = {item for item in named if isinstance(item, int)}
     wanted_names = {item for item in named if isinstance(item, str)}
-    found = dict(model.objects.filter(pk__in=wanted_ids).values_list("pk", name_field))
+    found = dict(rows.filter(pk__in=wanted_ids).values_list("pk", name_field))
     # A name PostgreSQL cannot hold (a NUL character) names nobody: not looked up, reported missing.
     storable = {name for name in wanted_names if "\x00" not in name}
-    by_name = dict(model.objects.filter(**{f"{name_field}__in": storable}).values_list(name_field, "pk"))
+    by_name = dict(rows.filter(**{f"{name_field}__in": storable}).values_list(name_field, "pk"))
     missing = [f"{kind} {pk}" for pk in sorted(wanted_ids - set(found))]
     missing += [f"{kind} {name!r}" for name in sorted(wanted_names - set(by_name))]
     return sorted(set(found) | set(by_name.values())), missing

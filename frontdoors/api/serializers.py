@@ -183,7 +183,9 @@ class ReadersSerializer(serializers.Serializer):
 
     def validate(self, data):
         try:
-            data["principals"] = readers_for(users=data["users"], groups=data["groups"])
+            # Named within the caller's workspace only: another tenant's names are not confirmed.
+            workspace = self.context["workspace"]
+            data["principals"] = readers_for(users=data["users"], groups=data["groups"], workspace=workspace)
         except AccessError as exc:
             raise serializers.ValidationError({"readers": [exc.message]}) from None
         return data
@@ -285,7 +287,7 @@ class DocumentUploadSerializer(serializers.Serializer):
     def validate_readers(self, value):
         if not isinstance(value, dict) or set(value) - {"users", "groups"}:
             raise serializers.ValidationError('Must be a JSON object with "users" and/or "groups".')
-        readers = ReadersSerializer(data=value)
+        readers = ReadersSerializer(data=value, context=self.context)
         if not readers.is_valid():
             errors = readers.errors
             raise serializers.ValidationError(errors.get("readers") or errors)

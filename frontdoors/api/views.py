@@ -246,7 +246,7 @@ class DocumentListView(ApiView):
         },
     )
     def post(self, request):
-        upload = api.DocumentUploadSerializer(data=request.data)
+        upload = api.DocumentUploadSerializer(data=request.data, context={"workspace": self.workspace})
         upload.is_valid(raise_exception=True)
         data = upload.validated_data
         (collection,) = collections_chosen(self.workspace, [data["collection"]], field="collection")
@@ -315,7 +315,7 @@ class DocumentReadersView(ApiView):
         responses={200: api.DocumentSerializer, **error_responses()},
     )
     def post(self, request, document_id: int):
-        readers = api.ReadersSerializer(data=request.data)
+        readers = api.ReadersSerializer(data=request.data, context={"workspace": self.workspace})
         readers.is_valid(raise_exception=True)
         document = self.audited_document(Action.READERS_CHANGE, document_id, audit_found=False)
         before = list(document.readers)

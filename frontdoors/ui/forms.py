@@ -6,9 +6,9 @@ from __future__ import annotations
 from django import forms
 from django.conf import settings
 from django.contrib.auth.models import Group
-from django.db.models import Q
 from django.utils.translation import gettext, gettext_lazy
 
+from search.access import workspace_groups
 from search.answering.answers import QUESTION_MAX_CHARS
 from search.answering.conversations import TITLE_MAX_CHARS
 from search.models import Collection
@@ -99,14 +99,7 @@ class UploadForm(forms.Form):
         self.fields["files"].widget.attrs["aria-describedby"] = "files-help"  # the help text's element
         if len(collections) == 1:
             self.fields["collection"].initial = collections[0].pk
-        self.fields["readers"].queryset = workspace_groups(workspace)
-
-
-def workspace_groups(workspace):
-    """The groups a document of ``workspace`` may be restricted to: its members' groups and the
-    groups given the workspace. Another tenant's groups are not named here."""
-    members = Q(user__memberships__workspace=workspace)
-    return Group.objects.filter(members | Q(workspace_grants__workspace=workspace)).distinct().order_by("name")
+        self.fields["readers"].queryset = workspace_groups(workspace).order_by("name")
 
 
 class ReadersForm(forms.Form):
@@ -122,7 +115,7 @@ class ReadersForm(forms.Form):
 
     def __init__(self, *args, workspace, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["groups"].queryset = workspace_groups(workspace)
+        self.fields["groups"].queryset = workspace_groups(workspace).order_by("name")
 
 
 class ConversationRenameForm(forms.Form):

@@ -206,6 +206,15 @@ def test_readers_are_set_through_the_api_and_bad_ones_are_refused_by_name(office
     assert refused.status_code == 400
     error = refused.json()["error"]
     assert error["field"] == "readers" and error["message"].startswith("no such user 999999, user 'nobody'")
+    # Another tenant's user and group are as missing as names nobody took: nothing confirms they exist.
+    elsewhere = workspace_create(name="Elsewhere", slug="elsewhere")
+    carol = get_user_model().objects.create_user("carol", password="pw-carol")
+    Membership.objects.create(workspace=elsewhere, user=carol)
+    carol.groups.add(Group.objects.create(name="legal"))
+    foreign = alice.post(url, {"users": ["carol"], "groups": ["legal", "no-such-group"]}, format="json")
+    assert foreign.json()["error"]["message"] == (
+        "no such user 'carol', group 'legal', group 'no-such-group': a document's readers must exist"
+    )
     assert Document.objects.get(pk=office.salary.pk).readers == [f"g:{office.hr.pk}"]
     opened = alice.post(url, {"users": [], "groups": []}, format="json")
     assert opened.status_code == 200 and opened.json()["readers"] == {"everyone": True, "users": [], "groups": []}
