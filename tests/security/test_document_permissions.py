@@ -97,6 +97,32 @@ def test_a_restricted_document_is_ranked_for_its_readers_only_in_every_mode(offi
     assert bob == workspace_key == [pk for pk in everything if pk != office.salary.pk][:3]
 
 
+def test_a_reader_of_fewer_chunks_than_the_words_match_is_ranked_from_its_readable_rows(office):
+    """Bob may read 4 of 8 chunks and the words match 5: keyword ranking starts from what he
+    may read. A plain query is held to its ranked terms by the BM25 test alone; a typed phrase
+    or exclusion still tests each row's words."""
+    tokyo = ingest_texts(
+        office.collection,
+        {f"tokyo-{n}.md": f"# Tokyo {n}\n\nThe Tokyo office floor {n} plan." for n in range(3)},
+    )
+    for pk in tokyo:
+        document_readers_set(document=Document.objects.get(pk=pk), readers=readers_for(groups=["hr"]))
+    desks = Document.objects.get(source_name="desks.md").pk
+
+    def found(query: str) -> list[int]:
+        result = chunk_search(
+            query=query, workspace=office.workspace, mode="keyword", reader=reader_of_user(office.bob)
+        )
+        assert result.keyword_path == "exact"
+        return [hit.document_id for hit in result.hits]
+
+    assert found("Tokyo office") == [desks]
+    assert found('"Tokyo office"') == [desks]
+    assert found('"office Tokyo"') == []
+    assert found("Tokyo -hot") == []
+    assert set(found("Tokyo")) == {desks}  # the salary and the three plans are hr's
+
+
 def test_a_change_of_readers_holds_on_the_next_search_without_reembedding(office):
     chunks = list(Chunk.objects.filter(document=office.salary).values_list("pk", "embedding"))
     document_readers_set(document=office.salary, readers=readers_for(users=[office.bob.pk]))
