@@ -379,7 +379,9 @@ SEARCH_KEYWORD_EXACT_MAX_ROWS = env_int("SEARCH_KEYWORD_EXACT_MAX_ROWS", 20000, 
 KEYWORD_HNSW_EF_SEARCH = env_int("KEYWORD_HNSW_EF_SEARCH", 400, minimum=1, maximum=1000)
 # A reader who may read documents of at most this many chunks together (search.access) has
 # them ranked exactly, through their documents, rather than by an index scan that passes over
-# everything else (measured: benchmarks.permissions, docs/access.md).
+# everything else (measured: benchmarks.permissions, docs/access.md); and collections that
+# hold at most this many chunks together are compared whole in the dense ranking, as a filtered
+# HNSW scan of an index shared with larger tenants may give up before it reaches them.
 # Audit events older than this are purged daily (ragsite.audit); the database refuses to
 # delete any younger than a year (ragsite.audit.RETENTION_FLOOR_DAYS).
 AUDIT_RETENTION_DAYS = env_int("AUDIT_RETENTION_DAYS", 400, minimum=365)

@@ -198,7 +198,15 @@ def chunk_search(
         timings["embed"] = (time.perf_counter() - embed_started) * 1000
         # Beside another model's, a ranking reads the chunks in the query's language only.
         language_sql = _chunk_language_sql(query_language) if len(groups) > 1 else ""
-        ctes.append(_dense_ranking(groups, documents_sql + language_sql, per_document, exact=readable is not None))
+        # A small scope is compared whole: in an index shared with larger collections, a filtered
+        # HNSW scan gives up (hnsw.max_scan_tuples) before it reaches a few thousand chunks of one
+        # tenant among millions, and returns fewer than k, or none.
+        exact = chunks <= settings.SEARCH_EXACT_READABLE_MAX_CHUNKS
+        ctes.append(
+            _dense_ranking(
+                groups, documents_sql + language_sql, per_document, exact=exact, readable=readable is not None
+            )
+        )
     keyword_path = None
     if use_keyword:
         params["query_bm25"] = query_bm25
@@ -372,17 +380,19 @@ def _ranked(name: str, score_sql: str, order: str, per_document: bool) -> str:
         )"""
 
 
-def _dense_ranking(groups: list[_DenseGroup], filter_sql: str, per_document: bool, *, exact: bool = False) -> str:
+def _dense_ranking(
+    groups: list[_DenseGroup], filter_sql: str, per_document: bool, *, exact: bool = False, readable: bool = False
+) -> str:
     """The nearest chunks to the query's embedding (HNSW), ranked: one ranking per embedding
     model, over its own collections (disjoint, so ``dense_ranked`` is their union, each chunk
-    with its rank in its own model's list). ``exact``: the chunks of ``%(readable)s``
-    documents only, every one of them compared (``_readable``)."""
+    with its rank in its own model's list). ``exact``: every chunk compared, no index;
+    ``readable``: the chunks of ``%(readable)s`` documents only (``_readable``)."""
     ctes = []
     for index, group in enumerate(groups):
         distance = dense_distance_sql(group.dimensions, f"%(query_vector{index})s")
         # "+ 0" orders by an expression no index provides: the planner compares every row.
-        order = f"{distance} + 0" if exact else distance
-        readable_sql = " AND c.document_id = ANY(%(readable)s)" if exact else ""
+        order = f"{distance} + 0" if exact or readable else distance
+        readable_sql = " AND c.document_id = ANY(%(readable)s)" if readable else ""
         # MATERIALIZED + re-sort: with iterative index scans the index returns rows in
         # relaxed order (pgvector's documented pattern).
         ctes.append(

@@ -170,8 +170,7 @@ def test_readyz_reports_an_unreachable_database(client, settings, monkeypatch):
     assert response.json()["checks"]["database"] == {"ok": False, "error": "OperationalError: connection refused"}
 
 
-def test_admin_login_page_renders(client):
-    response = client.get("/admin/login/")
-    assert response.status_code == 200
-    assert b'name="username"' in response.content
-    assert b"RAG search administration" in response.content
+def test_the_admin_signs_in_on_the_sites_sign_in_page(client):
+    response = client.get("/admin/login/", {"next": "/admin/"}, follow=True)
+    assert response.redirect_chain == [("/accounts/login/?next=%2Fadmin%2F", 302)]
+    assert b'name="username"' in response.content and b'name="next" value="/admin/"' in response.content

@@ -138,12 +138,15 @@ def _processes_using(path: Path) -> list[str]:
 def _admin_login(base: str, username: str, password: str) -> str:
     jar = http.cookiejar.CookieJar()
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    opener.open(f"{base}/admin/login/", timeout=10).read()
+    # The admin's sign-in page sends to the site's, where passwords and single sign-on both are.
+    with opener.open(f"{base}/admin/login/?next=/admin/", timeout=10) as page:
+        sign_in = page.geturl()
+    assert sign_in == f"{base}/accounts/login/?next=%2Fadmin%2F"
     csrf = next(cookie.value for cookie in jar if cookie.name == "csrftoken")
     form = urllib.parse.urlencode(
         {"username": username, "password": password, "csrfmiddlewaretoken": csrf, "next": "/admin/"}
     ).encode()
-    request = urllib.request.Request(f"{base}/admin/login/", data=form, headers={"Referer": f"{base}/admin/login/"})
+    request = urllib.request.Request(sign_in, data=form, headers={"Referer": sign_in})
     with opener.open(request, timeout=10) as response:
         return response.geturl()
 
