@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from ragsite.audit import Action, audit_record
 from search.models import Collection, Document, Membership, Workspace, WorkspaceGroup
 
 
@@ -41,3 +42,19 @@ class DocumentAdmin(admin.ModelAdmin):
     # Readers are changed through search.services.document_readers_set (REST, ingest), which
     # changes the chunks' copy with them: a field edited here would leave the chunks behind.
     readonly_fields = ["sha256", "size_bytes", "readers", "created_at", "updated_at"]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """Staff see a document's metadata here whoever its readers are: the one place that
+        passes over them, so opening a restricted one is in the audit log, as opened "via admin"."""
+        response = super().change_view(request, object_id, form_url, extra_context)
+        document = self.get_object(request, object_id)
+        if response.status_code == 200 and document is not None and "*" not in document.readers:
+            audit_record(
+                Action.DOCUMENT_OPEN,
+                user=request.user,
+                request=request,
+                workspace_id=document.collection.workspace_id,
+                target=f"document:{document.pk}",
+                detail={"title": document.title, "via": "admin", "readers": list(document.readers)},
+            )
+        return response

@@ -18,7 +18,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from billing import client_keys
-from ragsite.audit import audit_purge, audit_record
+from ragsite.audit import Action, audit_purge, audit_record
 from ragsite.models import AuditEvent
 from search.access import readers_for
 from search.models import Chunk, Document, Membership
@@ -189,3 +189,18 @@ def test_auditors_read_and_export_the_log_and_members_do_not(site):
     member = Client()
     member.force_login(user)
     assert member.get("/admin/ragsite/auditevent/").status_code == 302  # to the admin's login
+
+
+def test_staff_opening_a_restricted_document_in_the_admin_is_recorded(since, site):
+    _, _, document, secret, _ = site
+    operator = get_user_model().objects.create_superuser("ops", password="pw-ops-123")
+    client = Client(HTTP_USER_AGENT=BROWSER)
+    client.force_login(operator)
+
+    assert client.get(f"/admin/search/document/{document.pk}/change/").status_code == 200  # open to all: not logged
+    assert client.get(f"/admin/search/document/{secret.pk}/change/").status_code == 200
+
+    opened = AuditEvent.objects.filter(id__gte=since, action=Action.DOCUMENT_OPEN)
+    assert [(event.actor, event.target, event.detail["via"], event.detail["readers"]) for event in opened] == [
+        (f"user:{operator.pk}", f"document:{secret.pk}", "admin", list(secret.readers))
+    ]
