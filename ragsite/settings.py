@@ -416,6 +416,10 @@ OIDC_USE_PKCE = True
 OIDC_STORE_ID_TOKEN = True  # the hint of the provider's sign-out (RP-initiated logout)
 OIDC_TIMEOUT = env_int("OIDC_TIMEOUT_S", 10, minimum=1)
 OIDC_CLOCK_SKEW_S = env_int("OIDC_CLOCK_SKEW_S", 60, minimum=0, maximum=600)
+# A session begun by single sign-on ends after this long (Django's default, two weeks, for
+# passwords): the provider is asked again at least once a working day, so someone it has
+# deactivated keeps an open session here at most this long.
+OIDC_SESSION_MAX_AGE_S = env_int("OIDC_SESSION_MAX_AGE_S", 8 * 3600, minimum=300)
 OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_callback"
 PASSWORD_SIGN_IN = env_choice("PASSWORD_SIGN_IN", "on", ("on", "superusers", "off"))
 AUTHENTICATION_BACKENDS = [

@@ -110,6 +110,11 @@ class OpenIDCallbackView(OIDCAuthenticationCallbackView):
             reason = f"the callback's state is not one this browser is waiting for (replayed or expired): {error}"
             return _sign_in_failed(request, reason=reason, message=_started_again(), status=400)
 
+    def login_success(self):
+        response = super().login_success()
+        self.request.session.set_expiry(settings.OIDC_SESSION_MAX_AGE_S)
+        return response
+
     def login_failure(self):
         request = self.request
         if request.GET.get("error"):

@@ -107,6 +107,7 @@ def test_a_first_sign_in_makes_the_user_of_the_subject_with_the_providers_groups
         ("finance", sso.issuer),
         ("hr", sso.issuer),
     }
+    assert client.session.get_expiry_age() == 8 * 3600  # the provider is asked again after a working day
     event = AuditEvent.objects.get(action=Action.SIGN_IN)
     assert (event.actor, event.detail) == (f"user:{user.pk}", {"backend": "ragsite.identity.OpenIDBackend"})
     # Signed in, not sent back to the sign-in page: told to ask for a workspace.
