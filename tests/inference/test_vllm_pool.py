@@ -101,6 +101,23 @@ def test_each_answers_acceptance_figures_are_the_servers_own_counters(request, p
         assert spec["draft_tokens_proposed"] >= spec["draft_tokens_accepted"] >= 0
 
 
+def gpu_consuming(worker: str, consuming: bool) -> None:
+    """Stop or resume ``worker``'s consumption of the gpu queue, and wait until the worker says
+    it has (a broadcast's reply can be lost; CI once saw the answers taken one by one)."""
+    from ragsite.celery import app
+
+    deadline = time.monotonic() + 30
+    while True:
+        if consuming:
+            app.control.add_consumer("gpu", destination=[worker], reply=True, timeout=2)
+        else:
+            app.control.cancel_consumer("gpu", destination=[worker], reply=True, timeout=2)
+        queues = (app.control.inspect(destination=[worker], timeout=2).active_queues() or {}).get(worker)
+        if queues is not None and ("gpu" in {queue["name"] for queue in queues}) == consuming:
+            return
+        assert time.monotonic() < deadline, f"{worker} did not {'resume' if consuming else 'stop'} consuming gpu"
+
+
 def test_sixteen_concurrent_greedy_answers_each_get_the_text_it_gets_alone(ngram_pool, workers, corpus):
     pool_route(ngram_pool, max_tokens=32)
     words = ["wing", "lift", "heat", "nose", "flow", "shock", "drag", "plate"]
@@ -135,9 +152,7 @@ def test_sixteen_concurrent_greedy_answers_each_get_the_text_it_gets_alone(ngram
     # here (one process, one GIL), and on 2 cores 32 tokens can take less than the next one's
     # retrieval, so the gpu worker stops taking work until all 16 wait in its queue: then it
     # sends them to the server together, as a busy worker would after a burst.
-    from ragsite.celery import app
-
-    app.control.cancel_consumer("gpu", destination=[workers["gpu"].name], reply=True)
+    gpu_consuming(workers["gpu"].name, False)
     barrier = threading.Barrier(len(questions))
 
     def ask(question: str) -> Answer:
@@ -151,7 +166,7 @@ def test_sixteen_concurrent_greedy_answers_each_get_the_text_it_gets_alone(ngram
         with ThreadPoolExecutor(max_workers=len(questions)) as asking:
             together = list(asking.map(ask, questions))
     finally:
-        app.control.add_consumer("gpu", destination=[workers["gpu"].name], reply=True)
+        gpu_consuming(workers["gpu"].name, True)
     finished = [wait_for_answer(answer.pk, timeout=120) for answer in together]
     stop.set()
     watcher.join()
