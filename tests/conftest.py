@@ -146,7 +146,6 @@ def web_server(tmp_path: Path, *, env: dict[str, str] | None = None) -> Iterator
     (``http://127.0.0.1:PORT``) once ``/healthz`` answers. For tests that need a real HTTP
     server: the official ``openai`` client, a browser, Server-Sent Events."""
     import socket
-    import urllib.request
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -162,20 +161,27 @@ def web_server(tmp_path: Path, *, env: dict[str, str] | None = None) -> Iterator
     server = WorkerProcess(name=f"web:{port}", process=process, log_path=log_path)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base_url}/healthz", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the web server did not start:\n{server.log()[-4000:]}")
-            time.sleep(0.1)
+        wait_until_answering(server, f"{base_url}/healthz", "the web server")
         yield base_url
     finally:
         server.stop(timeout=15)
+
+
+def wait_until_answering(server: WorkerProcess, url: str, what: str, timeout_s: float = 60) -> None:
+    """Until ``url`` answers 200; raises with ``server``'s log if it exits or takes too long."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if server.process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start:\n{server.log()[-4000:]}")
+        time.sleep(0.1)
 
 
 @pytest.fixture

@@ -549,14 +549,7 @@ def document_readers_view(request, document_id):
         readers = readers_for(users=[request.user.pk], groups=[group.pk for group in groups]) if groups else ["*"]
         before = list(document.readers)
         document = document_readers_set(document=document, readers=readers)
-        audit_record(
-            Action.READERS_CHANGE,
-            user=request.user,
-            request=request,
-            workspace_id=workspace.pk,
-            target=f"document:{document.pk}",
-            detail={"title": document.title, "before": before, "after": list(document.readers)},
-        )
+        _document_audit(request, Action.READERS_CHANGE, document, before=before, after=list(document.readers))
         if groups:
             names = ", ".join(group.name for group in groups)
             note = gettext("“%(title)s” may now be read by %(groups)s and you.") % {

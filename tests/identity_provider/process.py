@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import PROJECT_ROOT, WorkerProcess
+from tests.conftest import PROJECT_ROOT, WorkerProcess, wait_until_answering
 
 
 class IdentityProvider:
@@ -35,17 +35,7 @@ class IdentityProvider:
                 cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         self.server = WorkerProcess(name=f"provider:{self.port}", process=process, log_path=log_path)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(self.discovery_url, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the identity provider did not start:\n{self.server.log()[-4000:]}")
-            time.sleep(0.1)
+        wait_until_answering(self.server, self.discovery_url, "the identity provider")
 
     def stop(self) -> None:
         if self.server is not None:
