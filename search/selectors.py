@@ -36,9 +36,11 @@ _MARK_START, _MARK_END = "\x02", "\x03"
 # Per document, a ranking reads this many chunks per wanted document (a document may hold
 # several matching chunks) and keeps each document's best.
 PER_DOCUMENT_CHUNK_FACTOR = 3
-# A dense-only search reads this many candidates per hit asked for (benchmarks.permissions: 5
-# kept recall at 1.0 and cut a 10 % reader's p99 from 2.7 to 1.7 times the unrestricted one).
-DENSE_ONLY_CANDIDATES_PER_HIT = 5
+# A dense-only search reads this many candidates per hit asked for. A filtered scan (a reader
+# who may see 10 %) passes over nine rows for each it keeps, so each candidate costs there
+# (benchmarks.permissions, docs/benchmarks.md: 100 candidates gave a p99 2.7 times the
+# unrestricted one, 50 gave 1.6 to 2.2, 30 gave 1.3 with recall 0.996; 20 lost recall, 0.979).
+DENSE_ONLY_CANDIDATES_PER_HIT = 3
 
 
 class SearchError(DomainError):
@@ -389,9 +391,13 @@ def _dense_ranking(
     ``readable``: the chunks of ``%(readable)s`` documents only (``_readable``)."""
     ctes = []
     for index, group in enumerate(groups):
-        distance = dense_distance_sql(group.dimensions, f"%(query_vector{index})s")
-        # "+ 0" orders by an expression no index provides: the planner compares every row.
-        order = f"{distance} + 0" if exact or readable else distance
+        if exact or readable:
+            # Every row compared, on the stored fp32 vectors (no half-precision copy of each
+            # made for the index's operator); "+ 0": an order no index provides.
+            distance = f"(c.embedding <=> %(query_vector{index})s::vector({int(group.dimensions)}))"
+            order = f"{distance} + 0"
+        else:
+            distance = order = dense_distance_sql(group.dimensions, f"%(query_vector{index})s")
         readable_sql = " AND c.document_id = ANY(%(readable)s)" if readable else ""
         # MATERIALIZED + re-sort: with iterative index scans the index returns rows in
         # relaxed order (pgvector's documented pattern).
