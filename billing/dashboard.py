@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from billing.models import COST_DECIMALS, BudgetAlert, ClientKey, UsageRecord
 from ragsite.aggregates import PercentileCont
+from ragsite.databases import reads
 
 COST_QUANTUM = Decimal(1).scaleb(-COST_DECIMALS)
 DAY_SECONDS = 86_400
@@ -243,7 +244,7 @@ def usage_summary(first_month: date, last_month: date, *, now: datetime | None =
     if last < first:
         first, last = last, first
     current = month_floor(now.astimezone(UTC).date())
-    with connection.cursor() as cursor:
+    with reads().cursor() as cursor:
         cursor.execute(SUMMARY_SQL, [first, next_month(last)])
         fetched = cursor.fetchall()
     labels = key_labels(row[3] for row in fetched)
@@ -454,7 +455,7 @@ def usage_daily_series(first_day: date, last_day: date, *, release_id: int | Non
     end = last_day + timedelta(days=1)
     release = "AND release_id = %s" if release_id is not None else ""
     params = [first_day, end] + ([release_id] if release_id is not None else [])
-    with connection.cursor() as cursor:
+    with reads().cursor() as cursor:
         cursor.execute(DAILY_COST_SQL.format(release=release), params)
         costs = cursor.fetchall()
         cursor.execute(DAILY_ARMS_SQL.format(release=release), params)

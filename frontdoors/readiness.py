@@ -2,7 +2,7 @@
 
 ``/healthz`` answers as long as the web process can run a view: it touches nothing
 else, so a load balancer does not restart web processes because the database blinked.
-``/readyz`` checks what a request needs: the database, Redis, at least one worker
+``/readyz`` checks what a request needs: the database, Redis, the uploads' storage, at least one worker
 consuming each queue (a broadcast ping over the broker, answered by workers), and at least
 one device answering ``/health`` in each enabled GPU pool (every device that does not is
 named, with the reason). A pool that is warming (starting: ``Provider.warming_since``) is
@@ -29,6 +29,7 @@ from inference.pool import device_health
 from ragsite.beat import BEAT_HEARTBEAT_KEY
 from ragsite.celery import Queue, app
 from ragsite.redis import redis_probe_client
+from ragsite.storage import storage_status
 
 
 def _check_database() -> dict:
@@ -116,16 +117,18 @@ def readiness_summary() -> dict:
         else {queue.value: {"ok": False, "workers": [], "error": "redis unreachable"} for queue in Queue}
     )
     pools = _check_pools() if database["ok"] else {}
+    storage = storage_status()
     ready = (
         database["ok"]
         and redis_status["ok"]
+        and storage["ok"]
         and all(entry["ok"] for entry in queues.values())
         and all(entry["ok"] or entry["state"] == "warming" for entry in pools.values())
     )
     return {
         "status": "ready" if ready else "not ready",
         "time": timezone.now().isoformat(),
-        "checks": {"database": database, "redis": redis_status, "queues": queues, "pools": pools},
+        "checks": {"database": database, "redis": redis_status, "storage": storage, "queues": queues, "pools": pools},
         # Informational: beat being down delays periodic work but does not block requests.
         "beat_last_seen": _beat_last_seen() if redis_status["ok"] else None,
         # Informational: usage rows waiting to be stored, and rows PostgreSQL refused (docs/operations.md).

@@ -12,6 +12,7 @@ Queues:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable
 from enum import StrEnum
@@ -29,6 +30,9 @@ from ragsite.beat import BEAT_SCHEDULE
 from ragsite.heap import startup_heap_freeze
 from ragsite.logs import install_celery_hooks
 from ragsite.redis import redis_client
+from ragsite.storage import StorageUnavailable, storage_check
+
+logger = logging.getLogger(__name__)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ragsite.settings")
 
@@ -133,6 +137,18 @@ CPU_SHARE_ENV = "RAGSITE_CPU_SHARE"
 def _cpu_share_set(sender=None, **_):
     concurrency = getattr(sender, "concurrency", None) or 1
     os.environ[CPU_SHARE_ENV] = str(max(1, (os.cpu_count() or 1) // concurrency))
+
+
+@worker_init.connect
+def _storage_checked(**_):
+    """A worker that cannot read the uploads (a missing bucket, refused credentials) stops at
+    start, saying why, rather than failing every ingestion it takes (ragsite/storage.py).
+    SystemExit: Celery logs and ignores an Exception raised by a signal's receiver."""
+    try:
+        storage_check()
+    except StorageUnavailable as exc:
+        logger.critical("worker not started: %s", exc)
+        raise SystemExit(f"worker not started: {exc}") from None
 
 
 @worker_init.connect

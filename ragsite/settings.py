@@ -122,22 +122,18 @@ TEMPLATES = [
 
 # --------------------------------------------------------------------------- database
 
-_database_url = env_url("DATABASE_URL", ("postgres", "postgresql", "pgsql"))
+_POSTGRES_SCHEMES = ("postgres", "postgresql", "pgsql")
+_database_url = env_url("DATABASE_URL", _POSTGRES_SCHEMES)
 EMBEDDED_POSTGRES = _database_url is None
 if EMBEDDED_POSTGRES:
     _database_url = embedded.postgres_url()
-DATABASES = {
-    "default": dj_database_url.parse(
-        _database_url,
-        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0),
-        conn_health_checks=True,
-    )
-}
 DATABASE_URL = _database_url
-DATABASES["default"]["OPTIONS"] = {
-    **DATABASES["default"].get("OPTIONS", {}),
-    "connect_timeout": env_int("DATABASE_CONNECT_TIMEOUT", 5, minimum=1),
-}
+# DATABASE_URL names a pooler in transaction mode (PgBouncer pool_mode=transaction): each
+# transaction may run on another server connection, so nothing may outlive one. Django's
+# iterator() holds a server-side cursor across transactions, and psycopg prepares a statement
+# run five times on a connection, which the next transaction's server does not know; both are
+# turned off. Per-query settings are SET LOCAL throughout (docs/scaling.md "PgBouncer").
+DATABASE_TRANSACTION_POOLING = env_bool("DATABASE_TRANSACTION_POOLING", False)
 # Web processes under ASGI (ragsite/asgi.py sets RAGSITE_SERVER) take their connections from a
 # pool. Django runs each synchronous view of an ASGI request in a thread of its own, and a
 # persistent connection (CONN_MAX_AGE) stays open with that thread's state: under load a web
@@ -147,13 +143,50 @@ DATABASES["default"]["OPTIONS"] = {
 # Workers (one thread per process, or a fixed set of threads) keep persistent connections.
 DATABASE_POOL = env_choice("DATABASE_POOL", "auto", ("auto", "on", "off"))
 DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 20, minimum=1)
-if DATABASE_POOL == "on" or (DATABASE_POOL == "auto" and os.environ.get("RAGSITE_SERVER") == "asgi"):
-    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them instead
-    DATABASES["default"]["OPTIONS"]["pool"] = {
-        "min_size": 2,
-        "max_size": DATABASE_POOL_MAX_SIZE,
-        "timeout": env_float("DATABASE_POOL_TIMEOUT_S", 10.0, minimum=0.1),
-    }  # Django adds the pool's check of each connection lent (CONN_HEALTH_CHECKS)
+_database_pooled = DATABASE_POOL == "on" or (DATABASE_POOL == "auto" and os.environ.get("RAGSITE_SERVER") == "asgi")
+
+
+def _database(url: str, *, pooled: bool, transaction_pooling: bool) -> dict:
+    database = dj_database_url.parse(
+        url, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0), conn_health_checks=True
+    )
+    database["OPTIONS"] = {
+        **database.get("OPTIONS", {}),
+        "connect_timeout": env_int("DATABASE_CONNECT_TIMEOUT", 5, minimum=1),
+    }
+    if pooled:
+        database["CONN_MAX_AGE"] = 0  # the pool keeps them instead
+        database["OPTIONS"]["pool"] = {
+            "min_size": 2,
+            "max_size": DATABASE_POOL_MAX_SIZE,
+            "timeout": env_float("DATABASE_POOL_TIMEOUT_S", 10.0, minimum=0.1),
+        }  # Django adds the pool's check of each connection lent (CONN_HEALTH_CHECKS)
+    if transaction_pooling:
+        database["DISABLE_SERVER_SIDE_CURSORS"] = True
+        database["OPTIONS"]["prepare_threshold"] = None
+    return database
+
+
+DATABASES = {
+    "default": _database(_database_url, pooled=_database_pooled, transaction_pooling=DATABASE_TRANSACTION_POOLING)
+}
+# Migrations run on a connection straight to PostgreSQL when this is set (manage.py migrate's
+# default database becomes "direct": ragsite/management/commands/migrate.py): a migration's
+# long index builds and its session state belong on a session of its own, not on a pooler's.
+DATABASE_DIRECT_URL = env_url("DATABASE_DIRECT_URL", _POSTGRES_SCHEMES)
+if DATABASE_DIRECT_URL:
+    DATABASES["direct"] = _database(DATABASE_DIRECT_URL, pooled=False, transaction_pooling=False)
+    DATABASES["direct"]["CONN_MAX_AGE"] = 0
+    DATABASES["direct"]["TEST"] = {"MIRROR": "default"}
+# A read replica (streaming replication) for search's ranking and the dashboards' reports:
+# what they read may lag the primary by the replication delay (docs/scaling.md). Pooled and
+# behind a transaction-mode pooler as the default database is.
+DATABASE_REPLICA_URL = env_url("DATABASE_REPLICA_URL", _POSTGRES_SCHEMES)
+if DATABASE_REPLICA_URL:
+    DATABASES["replica"] = _database(
+        DATABASE_REPLICA_URL, pooled=_database_pooled, transaction_pooling=DATABASE_TRANSACTION_POOLING
+    )
+    DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --------------------------------------------------------------------------- redis, cache, celery
@@ -298,10 +331,10 @@ ROUTER_BACKOFF_MAX_S = env_float("ROUTER_BACKOFF_MAX_S", 8.0, minimum=0.0)
 # base * 2^(its consecutive failures) seconds, at most max (inference/keypool.py).
 UPSTREAM_KEY_COOLDOWN_BASE_S = env_float("UPSTREAM_KEY_COOLDOWN_BASE_S", 1.0, minimum=0.0)
 UPSTREAM_KEY_COOLDOWN_MAX_S = env_float("UPSTREAM_KEY_COOLDOWN_MAX_S", 60.0, minimum=0.0)
-# The routing statements every request runs are prepared once per connection (inference/rows.py);
-# false behind a connection pooler that keeps no prepared statements (PgBouncer < 1.21 in
-# transaction mode).
-ROUTER_PREPARED_STATEMENTS = env_bool("ROUTER_PREPARED_STATEMENTS", True)
+# The routing statements every request runs are prepared once per connection (ragsite/rows.py):
+# off by default behind a transaction-mode pooler, on again for one that keeps prepared
+# statements itself (PgBouncer 1.21+ with max_prepared_statements).
+ROUTER_PREPARED_STATEMENTS = env_bool("ROUTER_PREPARED_STATEMENTS", not DATABASE_TRANSACTION_POOLING)
 
 # The usage ledger's outbox (billing/ledger.py): how long a row read by a drainer may stay
 # unacknowledged before the beat's drain (every 15 s) takes it over.
@@ -449,6 +482,29 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "servestatic.storage.CompressedStaticFilesStorage"},
 }
+# Uploads on object storage (any S3 API: S3, MinIO, Ceph, GCS's interoperability endpoint) when a
+# bucket is named, so that a worker on another machine reads what a web process wrote; the
+# local disk (MEDIA_ROOT) when not. Credentials come from boto3's own chain (AWS_ACCESS_KEY_ID
+# and AWS_SECRET_ACCESS_KEY, a pod's service account, an instance profile), never from here.
+# Checked at start-up (ragsite/storage.py): a missing bucket or refused credentials stop a
+# worker and `up` there, and /readyz says so, rather than failing the first upload.
+STORAGE_S3_BUCKET = env_str("STORAGE_S3_BUCKET", "")
+STORAGE_S3_ENDPOINT_URL = env_url("STORAGE_S3_ENDPOINT_URL", ("http", "https")) or None
+STORAGE_S3_REGION = env_str("STORAGE_S3_REGION", "") or None
+STORAGE_S3_PREFIX = env_str("STORAGE_S3_PREFIX", "").strip("/")
+if STORAGE_S3_BUCKET:
+    STORAGES["default"] = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": STORAGE_S3_BUCKET,
+            "endpoint_url": STORAGE_S3_ENDPOINT_URL,
+            "region_name": STORAGE_S3_REGION,
+            "location": STORAGE_S3_PREFIX,
+            "default_acl": None,  # the bucket's own policy; objects are never public
+            "querystring_auth": True,
+            "file_overwrite": False,  # a name taken gets a suffix, as on the local disk
+        },
+    }
 # Serve straight from the app folders as well, so a fresh checkout needs no collectstatic.
 SERVESTATIC_USE_FINDERS = True
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import connection, transaction
 
+from ragsite.databases import reads
 from search import analysis
 from search.models import Collection
 from search.query_syntax import ParsedQuery
@@ -174,7 +175,7 @@ def query_vector(*, config: str, rank_text: str, collection_ids: list[int]) -> t
     A term weighs its IDF times the number of times the query holds it, as Lucene's
     ``BooleanQuery`` and bm25s score a repeated term (docs/search.md).
     """
-    with connection.cursor() as cursor:
+    with reads().cursor() as cursor:
         cursor.execute(
             """
             WITH query_lexemes AS (

@@ -16,9 +16,10 @@ import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from ragsite import metrics
+from ragsite.databases import reads, reads_alias
 from ragsite.errors import DomainError
 from search import analysis, bm25
 from search.access import RESTRICTED_SQL, WORKSPACE, Reader
@@ -312,7 +313,7 @@ def _readable(collection_ids: list[int], principals: list[str], chunks: int) -> 
     none. Only the restricted documents are read to count (a partial index holds them): a
     collection open to its whole workspace costs one index probe per search."""
     params = {"collections": collection_ids, "readers": principals}
-    with connection.cursor() as cursor:
+    with reads().cursor() as cursor:
         cursor.execute(
             "SELECT coalesce(sum(chunks_total), 0),"
             " coalesce(sum(chunks_total) FILTER (WHERE readers && %(readers)s::varchar[]), 0)"
@@ -531,7 +532,7 @@ def _statement(ctes: list[str], snippets: bool) -> str:
 
 
 def _run(sql: str, params: dict, *, ef_search: int) -> list[tuple]:
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(using=reads_alias()), reads().cursor() as cursor:
         # SET LOCAL: these hold for this transaction only, so pooled connections are unaffected.
         cursor.execute(
             f"SET LOCAL hnsw.ef_search = {int(min(ef_search, 1000))};"

@@ -64,7 +64,7 @@ def celery_worker(
 
     name = f"test-{uuid.uuid4().hex[:8]}@localhost"
     log_path = tmp_path / f"{name.split('@')[0]}.log"
-    env = dict(os.environ, DATABASE_URL=database_url_for_current_test_db(), PYTHONUNBUFFERED="1", **(env or {}))
+    env = {**os.environ, "DATABASE_URL": database_url_for_current_test_db(), "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [
@@ -151,7 +151,7 @@ def web_server(tmp_path: Path, *, env: dict[str, str] | None = None) -> Iterator
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     log_path = tmp_path / f"web-{port}.log"
-    env = dict(os.environ, DATABASE_URL=database_url_for_current_test_db(), PYTHONUNBUFFERED="1", **(env or {}))
+    env = {**os.environ, "DATABASE_URL": database_url_for_current_test_db(), "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "ragsite.asgi:application", "--host", "127.0.0.1", "--port", str(port),

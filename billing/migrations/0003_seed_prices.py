@@ -23,7 +23,7 @@ PRICES = [
 def seed(apps, schema_editor):
     Price = apps.get_model("billing", "Price")
     for model, input_price, output_price, note in PRICES:
-        Price.objects.get_or_create(
+        Price.objects.using(schema_editor.connection.alias).get_or_create(
             model=model,
             effective_from=SINCE,
             defaults={
@@ -37,7 +37,7 @@ def seed(apps, schema_editor):
 def unseed(apps, schema_editor):
     Price = apps.get_model("billing", "Price")
     for model, *_ in PRICES:
-        Price.objects.filter(model=model, effective_from=SINCE).delete()
+        Price.objects.using(schema_editor.connection.alias).filter(model=model, effective_from=SINCE).delete()
 
 
 class Migration(migrations.Migration):

@@ -13,7 +13,7 @@ def pools_get_a_device(apps, schema_editor):
     or the configured GPU_POOL_DEVICE_URLS: the operator can change them in the admin."""
     Provider = apps.get_model("inference", "Provider")
     urls = list(settings.GPU_POOL_DEVICE_URLS) or [f"http://127.0.0.1:{settings.GPU_POOL_PORT}/v1"]
-    Provider.objects.filter(kind="local", devices=[]).update(devices=urls)
+    Provider.objects.using(schema_editor.connection.alias).filter(kind="local", devices=[]).update(devices=urls)
 
 
 class Migration(migrations.Migration):

@@ -15,14 +15,14 @@ NEW_DEMO_PROMPT = "Answer the user's question in one sentence, using only this t
 
 def demo_route_forward(apps, schema_editor):
     Route = apps.get_model("inference", "Route")
-    Route.objects.filter(system_prompt=OLD_DEMO_PROMPT).update(
+    Route.objects.using(schema_editor.connection.alias).filter(system_prompt=OLD_DEMO_PROMPT).update(
         system_prompt=NEW_DEMO_PROMPT, citing="verifier", stop=["\n\n"]
     )
 
 
 def demo_route_backward(apps, schema_editor):
     Route = apps.get_model("inference", "Route")
-    Route.objects.filter(system_prompt=NEW_DEMO_PROMPT, citing="verifier").update(system_prompt=OLD_DEMO_PROMPT)
+    Route.objects.using(schema_editor.connection.alias).filter(system_prompt=NEW_DEMO_PROMPT, citing="verifier").update(system_prompt=OLD_DEMO_PROMPT)
 
 
 class Migration(migrations.Migration):

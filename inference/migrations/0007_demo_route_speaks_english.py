@@ -13,7 +13,7 @@ DEMO_INSTRUCTION = "Answer the user's question in one sentence, using only this 
 
 def demo_routes_in_english(apps, schema_editor):
     Route = apps.get_model("inference", "Route")
-    Route.objects.filter(
+    Route.objects.using(schema_editor.connection.alias).filter(
         languages=[],
         provider__kind="local",
         provider__model__contains=DEMO_MODEL,

@@ -37,6 +37,7 @@ from inference.serving import EngineServer, PoolConfig, pool_off, pool_register,
 from ragsite import embedded
 from ragsite.celery import unacked_restore
 from ragsite.env import redact_url
+from ragsite.storage import StorageUnavailable, storage_check, storage_description
 from ragsite.supervision import SupervisedProcess
 
 # How long children get to stop after SIGTERM before they are killed.
@@ -124,6 +125,11 @@ class Command(BaseCommand):
         embedded_redis = " (embedded)" if settings.EMBEDDED_REDIS else ""
         self.stdout.write(f"database: {redact_url(settings.DATABASE_URL)}{embedded_pg}")
         self.stdout.write(f"redis:    {redact_url(settings.REDIS_URL)}{embedded_redis}")
+        self.stdout.write(f"uploads:  {storage_description()}")
+        try:
+            storage_check()
+        except StorageUnavailable as exc:
+            return str(exc)
         call_command("migrate", interactive=False, verbosity=1)
         if not options["no_demo"]:
             call_command("seed_demo")
