@@ -225,9 +225,9 @@ def warm_up(base_url: str, tokens: list[str], queries: list[str], max_tokens: in
 
 def sample_queue(stop: threading.Event, samples: list[tuple[float, int]]) -> None:
     from ragsite.celery import queue_depth
-    from ragsite.redis import redis_client
+    from ragsite.redis import Role, redis_client
 
-    client = redis_client()
+    client = redis_client(Role.BROKER)
     while not stop.wait(0.2):
         samples.append((time.time(), queue_depth(QUEUE, client)))
 

@@ -55,7 +55,7 @@ from billing import limits
 from billing.models import UsageRecord
 from billing.pricing import PRICE_LATERAL
 from ragsite.logs import current_request_id
-from ragsite.redis import redis_client, resp_command
+from ragsite.redis import Role, redis_client, resp_command
 
 logger = logging.getLogger(__name__)
 
@@ -127,13 +127,13 @@ def _outcomes_deliver(entries: list[tuple[bytes, dict]]) -> list[bytes]:
 
 def usage_record_queue(row: dict, client: redis.Redis | None = None) -> None:
     """Queue one row on its own (paths that have no pipelined writer)."""
-    (client or redis_client()).xadd(OUTBOX, {"row": json.dumps(row)})
+    (client or redis_client(Role.STREAMS)).xadd(OUTBOX, {"row": json.dumps(row)})
 
 
 def usage_records_queue(rows: list[dict], client: redis.Redis | None = None) -> None:
     """Queue several rows in one round trip."""
     if rows:
-        pipe = (client or redis_client()).pipeline(transaction=False)
+        pipe = (client or redis_client(Role.STREAMS)).pipeline(transaction=False)
         for row in rows:
             pipe.xadd(OUTBOX, {"row": json.dumps(row)})
         pipe.execute()
@@ -336,7 +336,7 @@ def usage_records_store(*, claim_idle_ms: int | None = None, batch: int = BATCH,
     returns how many were inserted now. ``claim_idle_ms``: also take over entries another
     drainer read that long ago and never acknowledged (the beat task; 0 in tests). A
     database error leaves the batch pending, to be claimed later, and is raised."""
-    client = redis_client()
+    client = redis_client(Role.STREAMS)
     inserted, batches = 0, 0
     while max_batches is None or batches < max_batches:
         entries = _read(client, claim_idle_ms=claim_idle_ms, count=batch)
@@ -363,7 +363,7 @@ def usage_records_store(*, claim_idle_ms: int | None = None, batch: int = BATCH,
 def usage_outbox_backlog(client: redis.Redis | None = None) -> dict:
     """Rows waiting (queued and read but not stored) and rows refused, for /readyz and
     operators."""
-    client = client or redis_client()
+    client = client or redis_client(Role.STREAMS)
     pipe = client.pipeline(transaction=False)
     pipe.xlen(OUTBOX)
     pipe.xlen(REJECTED)

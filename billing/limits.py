@@ -27,7 +27,7 @@ from redis.commands.core import Script
 from billing.models import BudgetAlert, ClientKey, UsageRecord
 from billing.pricing import cost_of, price_at
 from ragsite.errors import DomainError
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ def admission_reserve(
     if budget is None and not windowed:
         return admission  # nothing to count before the request; settle still counts its cost
 
-    client = redis_client()
+    client = redis_client(Role.LIMITS)
     now_us = _micros(now)
     args = [
         admission.reservation_id,
@@ -399,7 +399,7 @@ def admission_settle(
     now = _now(now)
     cost = actual_cost_usd if actual_cost_usd is not None else admission.reserved_usd
     now_us = _micros(now)
-    client = redis_client()
+    client = redis_client(Role.LIMITS)
     result = _scripts(client).settle(
         keys=[
             *_window_keys(admission.key_id),
@@ -445,7 +445,7 @@ def budget_state(key: ClientKey, *, now: datetime | None = None) -> BudgetState:
     from the ledger if missing)."""
     now = _now(now)
     month = _month_of(now)
-    client = redis_client()
+    client = redis_client(Role.LIMITS)
     keys = _month_keys(key.pk, month)
     for _ in range(3):
         view = _scripts(client).view(keys=keys, args=[_micros(now)], client=client)

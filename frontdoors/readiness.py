@@ -28,7 +28,7 @@ from inference.models import Provider
 from inference.pool import device_health
 from ragsite.beat import BEAT_HEARTBEAT_KEY
 from ragsite.celery import Queue, app
-from ragsite.redis import redis_probe_client
+from ragsite.redis import Role, redis_probe_client, redis_url
 from ragsite.storage import storage_status
 
 
@@ -48,12 +48,25 @@ def _check_database() -> dict:
 
 
 def _check_redis() -> dict:
+    """Each role's Redis (one ping per distinct server: by default they are all REDIS_URL);
+    a role whose server does not answer is named."""
     started = time.perf_counter()
-    try:
-        redis_probe_client().ping()
-    except redis.RedisError as exc:
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    failed = {}
+    for roles in _roles_by_url().values():
+        try:
+            redis_probe_client(roles[0]).ping()
+        except redis.RedisError as exc:
+            failed |= dict.fromkeys(roles, f"{type(exc).__name__}: {exc}")
+    if failed:
+        return {"ok": False, "error": "; ".join(f"{role}: {reason}" for role, reason in failed.items())}
     return {"ok": True, "ms": round((time.perf_counter() - started) * 1000, 1)}
+
+
+def _roles_by_url() -> dict[str, list[Role]]:
+    by_url: dict[str, list[Role]] = {}
+    for role in Role:
+        by_url.setdefault(redis_url(role), []).append(role)
+    return by_url
 
 
 def _check_queues() -> dict:
@@ -100,7 +113,7 @@ def _check_pools() -> dict:
 
 def _beat_last_seen() -> str | None:
     try:
-        raw = redis_probe_client().get(BEAT_HEARTBEAT_KEY)
+        raw = redis_probe_client(Role.BROKER).get(BEAT_HEARTBEAT_KEY)
     except redis.RedisError:
         return None
     if raw is None:
@@ -138,7 +151,7 @@ def readiness_summary() -> dict:
 
 def _ledger_backlog() -> dict | None:
     try:
-        return ledger.usage_outbox_backlog(redis_probe_client())
+        return ledger.usage_outbox_backlog(redis_probe_client(Role.STREAMS))
     except redis.RedisError:
         return None
 

@@ -27,7 +27,7 @@ from ragsite.celery import Queue, app, queue_lists
 
 # Through ragsite.metrics, which imports prometheus_client only once the multiprocess folder is settled.
 from ragsite.metrics import CounterMetricFamily, GaugeMetricFamily
-from ragsite.redis import redis_probe_client
+from ragsite.redis import Role, redis_probe_client
 from search.models import Document
 
 logger = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class ScrapeCollector:
         family = GaugeMetricFamily(
             "ragsite_celery_queue_length", "Messages waiting in each Celery queue (all priorities).", labels=["queue"]
         )
-        pipe = redis_probe_client().pipeline(transaction=False)
+        pipe = redis_probe_client(Role.BROKER).pipeline(transaction=False)
         queues = [queue.value for queue in Queue]
         for queue in queues:
             for name in queue_lists(queue):

@@ -20,7 +20,7 @@ from django.conf import settings
 from inference.errors import RouteUnavailable
 from inference.pool import devices_load
 from ragsite.celery import queue_lists
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 
 # A reservation not released within this long (its process died before publishing) stops counting.
 RESERVATION_TTL_S = 30
@@ -111,7 +111,7 @@ def queue_slot(queue: str) -> Iterator[None]:
     if limit <= 0 or _in_celery_task():
         yield
         return
-    client = redis_client()
+    client = redis_client(Role.BROKER)
     token = uuid.uuid4().hex
     key = reservations_key(queue)
     admitted, waiting, reserved = _script(client)(

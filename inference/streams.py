@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import redis
 
-from ragsite.redis import redis_async_client, redis_client, resp_command
+from ragsite.redis import Role, redis_async_client, redis_client, resp_command
 
 STREAM_TTL_SECONDS = 3600
 TERMINAL = ("stats", "error")
@@ -33,7 +33,7 @@ def stream_key(request_id: str) -> str:
 class StreamWriter:
     def __init__(self, request_id: str, client: redis.Redis | None = None):
         self.key = stream_key(request_id)
-        self.client = client or redis_client()
+        self.client = client or redis_client(Role.STREAMS)
         self._expiry_set = False
 
     def history(self) -> tuple[int, str | None]:
@@ -143,7 +143,7 @@ def stream_events(request_id_or_key: str, *, client: redis.Redis | None = None) 
     key = request_id_or_key if request_id_or_key.startswith("gen:") else stream_key(request_id_or_key)
     return [
         (event_id.decode(), fields[b"type"].decode(), _data(fields[b"data"]))
-        for event_id, fields in (client or redis_client()).xrange(key)
+        for event_id, fields in (client or redis_client(Role.STREAMS)).xrange(key)
     ]
 
 
@@ -168,7 +168,7 @@ def stream_read(
 
     Raises ``TimeoutError`` if nothing arrives for ``block_ms``.
     """
-    client = redis_client()
+    client = redis_client(Role.STREAMS)
     key = stream_key(request_id)
     last = after
     while True:
@@ -199,7 +199,7 @@ def stream_read(
 async def stream_aread(request_id: str, *, after: str = "0", block_ms: int = 15000, until: tuple[str, ...] = TERMINAL):
     """``stream_read`` for async code: ``(event_id, type, data)`` from ``after`` on until an
     event of a type in ``until``; ``TimeoutError`` if nothing arrives for ``block_ms``."""
-    client = redis_async_client()
+    client = redis_async_client(Role.STREAMS)
     key = stream_key(request_id)
     last = after
     while True:

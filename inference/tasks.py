@@ -21,7 +21,7 @@ from billing.tasks import ledger_drain
 from inference.canary import analyse_releases
 from inference.execution import lost_generation_end, run_routed
 from inference.streams import TERMINAL, StreamWriter
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,8 @@ def _end_after_redis_outage(request_id: str, payload: dict, exc: Exception) -> d
     deadline = time.monotonic() + REDIS_OUTAGE_WAIT_S
     while True:
         try:
-            redis_client().ping()
+            for role in (Role.STREAMS, Role.BROKER):
+                redis_client(role).ping()
             break
         except redis.RedisError:
             if time.monotonic() > deadline:

@@ -29,7 +29,7 @@ from kombu.transport.redis import Channel as RedisChannel
 from ragsite.beat import BEAT_SCHEDULE
 from ragsite.heap import startup_heap_freeze
 from ragsite.logs import install_celery_hooks
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 from ragsite.storage import StorageUnavailable, storage_check
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def unacked_restore(queues: Iterable[str]) -> int:
 
 def queue_depth(queue: str, client: redis.Redis | None = None) -> int:
     """Messages waiting in ``queue`` for a worker (all priority steps)."""
-    pipe = (client or redis_client()).pipeline(transaction=False)
+    pipe = (client or redis_client(Role.BROKER)).pipeline(transaction=False)
     for name in queue_lists(queue):
         pipe.llen(name)
     return sum(pipe.execute())

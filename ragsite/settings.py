@@ -191,10 +191,22 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --------------------------------------------------------------------------- redis, cache, celery
 
-REDIS_URL = env_url("REDIS_URL", ("redis", "rediss", "unix"))
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+REDIS_URL = env_url("REDIS_URL", _REDIS_SCHEMES)
 EMBEDDED_REDIS = REDIS_URL is None
 if EMBEDDED_REDIS:
     REDIS_URL = embedded.redis_url()
+# Redis by role, each REDIS_URL when unset (ragsite/redis.py Role; docs/scaling.md "Redis by
+# role"): the broker (Celery's queues and results), answers' token streams with the usage
+# ledger's outbox, the cache (query embeddings), and client keys' rate limits and budgets.
+# Empty here: REDIS_URL at each use, so that a test overriding REDIS_URL moves every role.
+# The broker may be Sentinel's: sentinel://host:26379;sentinel://host2:26379/0, the master's name
+# in REDIS_SENTINEL_MASTER (kombu's and Celery's own transport; ragsite/redis.py for our clients).
+REDIS_BROKER_URL = env_url("REDIS_BROKER_URL", (*_REDIS_SCHEMES, "sentinel")) or ""
+REDIS_SENTINEL_MASTER = env_str("REDIS_SENTINEL_MASTER", "", required=REDIS_BROKER_URL.startswith("sentinel:"))
+REDIS_STREAMS_URL = env_url("REDIS_STREAMS_URL", _REDIS_SCHEMES) or ""
+REDIS_CACHE_URL = env_url("REDIS_CACHE_URL", _REDIS_SCHEMES) or ""
+REDIS_LIMITS_URL = env_url("REDIS_LIMITS_URL", _REDIS_SCHEMES) or ""
 # Connections each process's Redis client may open (ragsite/redis.py). redis-py 8 caps a pool
 # at 100 and raises "Too many connections" beyond: a web process holds one per open answer
 # stream (a blocking XREAD) and a remote worker one per generation it streams, so a hundred
@@ -204,13 +216,13 @@ REDIS_MAX_CONNECTIONS = env_int("REDIS_MAX_CONNECTIONS", 2000, minimum=10)
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": REDIS_URL,
+        "LOCATION": REDIS_CACHE_URL or REDIS_URL,
         "KEY_PREFIX": "ragsite",
     }
 }
 
-CELERY_BROKER_URL = REDIS_URL
-CELERY_RESULT_BACKEND = REDIS_URL
+CELERY_BROKER_URL = REDIS_BROKER_URL or REDIS_URL
+CELERY_RESULT_BACKEND = CELERY_BROKER_URL
 # One result backend per process, not one per thread (Celery's default): Django's ASGI handler
 # runs each request's synchronous code on a new thread, and every generation it published
 # built a backend (a Redis client and its package metadata read) for the AsyncResult that
@@ -247,6 +259,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "unacked_restore_interval": 10,
     "unacked_restore_throttle": 1,
 }
+if REDIS_SENTINEL_MASTER:
+    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = REDIS_SENTINEL_MASTER
+    CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"master_name": REDIS_SENTINEL_MASTER}
 
 # Threads of the remote-generation worker that manage.py up starts (queue "remote"): each
 # holds one upstream call, which mostly waits on the network.

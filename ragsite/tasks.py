@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from ragsite import audit
 from ragsite.beat import BEAT_HEARTBEAT_KEY
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 
 
 @shared_task(name="ragsite.tasks.ping")
@@ -24,7 +24,7 @@ def ping(value: int) -> dict:
 
 @shared_task(name="ragsite.tasks.beat_heartbeat", ignore_result=True)
 def beat_heartbeat() -> None:
-    redis_client().set(BEAT_HEARTBEAT_KEY, timezone.now().isoformat(), ex=600)
+    redis_client(Role.BROKER).set(BEAT_HEARTBEAT_KEY, timezone.now().isoformat(), ex=600)
 
 
 @shared_task(name="ragsite.tasks.audit_purge", ignore_result=True)

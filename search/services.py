@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
 from ragsite.errors import DomainError
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 from search import analysis
 from search.access import OPERATOR, Reader
 from search.embedders import DEFAULT_EMBEDDER, embedder_get
@@ -299,7 +299,7 @@ def document_retry(*, document: Document) -> Document:
     if document.status != Document.Status.FAILED:
         return document
     status_set([document], Document.Status.QUEUED, error="", chunks_embedded=0)
-    redis_client().delete(interruptions_key(document.pk))  # a retry starts a new count of cut-off runs
+    redis_client(Role.BROKER).delete(interruptions_key(document.pk))  # a retry starts a new count of cut-off runs
     transaction.on_commit(lambda: _enqueue_ingest(document.pk))
     return document
 

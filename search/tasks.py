@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from ragsite.celery import LONG_TASK_OPTIONS
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 from search import bm25, vector_indexes
 from search.answering import answers
 from search.ingest import pipeline
@@ -46,7 +46,7 @@ def _interrupted_too_often(document_id: int) -> bool:
     status = Document.objects.filter(pk=document_id).values_list("status", flat=True).first()
     if status not in _IN_PROGRESS:
         return False
-    client = redis_client()
+    client = redis_client(Role.BROKER)
     count = client.incr(pipeline.interruptions_key(document_id))
     client.expire(pipeline.interruptions_key(document_id), 86400)
     return count >= INGEST_MAX_INTERRUPTIONS

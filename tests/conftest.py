@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from celery import Celery
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import connection
 
@@ -93,9 +94,19 @@ def celery_worker(
             start_new_session=True,
         )
     worker = WorkerProcess(name=name, process=process, log_path=log_path)
+    broker = env.get("REDIS_BROKER_URL")
+    if broker:  # a worker on a broker of its own is asked there, by an app set up as its own
+        options = {"master_name": env["REDIS_SENTINEL_MASTER"]} if broker.startswith("sentinel:") else {}
+        control = Celery(broker=broker, broker_transport_options=options, set_as_current=False).control
+    else:
+        control = app.control
+
+    def answers() -> bool:
+        return bool(control.ping(destination=[name], timeout=0.5))
+
     try:
         deadline = time.monotonic() + 60
-        while not app.control.ping(destination=[name], timeout=0.5):
+        while not answers():
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"worker {name} did not start:\n{worker.log()[-4000:]}")
         yield worker
@@ -216,27 +227,46 @@ def japanese_browser():
 # The first test to use a vLLM pool also waits for its server to start (~100 s alone, more on a
 # busy machine), inside pytest-timeout's limit, which covers fixture set-up.
 VLLM_TEST_TIMEOUT_S = 900
+# The session's vLLM servers, by the fixture that serves each: (name, speculation).
+VLLM_POOLS = {"ngram_pool": ("ngram-pool", "ngram"), "draft_pool": ("draft-pool", "draft")}
+_VLLM_POOLS_WANTED = pytest.StashKey[set]()
 
 
 def pytest_collection_modifyitems(config, items):
+    wanted = set()
     for item in items:
-        if {"ngram_pool", "draft_pool"} & set(getattr(item, "fixturenames", ())):
+        used = set(VLLM_POOLS) & set(getattr(item, "fixturenames", ()))
+        if used:
             item.add_marker(pytest.mark.timeout(VLLM_TEST_TIMEOUT_S))
+        wanted |= used
+    config.stash[_VLLM_POOLS_WANTED] = wanted
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _vllm_pools(request, tmp_path_factory):
+    """The vLLM servers the collected tests use, started before the first test runs and waited
+    for by the first test that uses each: they start (one to two minutes each here) while the
+    tests that need none run, instead of in front of those that do."""
+    from tests.pools import vllm_pool_started
+
+    pools = {}
+    try:
+        for fixture in sorted(request.config.stash.get(_VLLM_POOLS_WANTED, set())):
+            name, speculative = VLLM_POOLS[fixture]
+            pools[fixture] = vllm_pool_started(tmp_path_factory.mktemp(name), name=name, speculative=speculative)
+        yield pools
+    finally:
+        for pool in pools.values():
+            pool.stop()
 
 
 @pytest.fixture(scope="session")
-def ngram_pool(tmp_path_factory):
+def ngram_pool(_vllm_pools):
     """A vLLM server speculating with n-grams of the prompt (k=4), shared by the session."""
-    from tests.pools import vllm_pool
-
-    with vllm_pool(tmp_path_factory.mktemp("ngram-pool"), name="ngram-pool", speculative="ngram") as pool:
-        yield pool
+    return _vllm_pools["ngram_pool"].wait_ready()
 
 
 @pytest.fixture(scope="session")
-def draft_pool(tmp_path_factory):
+def draft_pool(_vllm_pools):
     """A vLLM server speculating with a draft model (the target itself: all accepted), shared."""
-    from tests.pools import vllm_pool
-
-    with vllm_pool(tmp_path_factory.mktemp("draft-pool"), name="draft-pool", speculative="draft") as pool:
-        yield pool
+    return _vllm_pools["draft_pool"].wait_ready()

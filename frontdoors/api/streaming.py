@@ -39,7 +39,7 @@ from billing import client_keys
 from frontdoors.api.auth import Access, Scope, access_resolve, workspace_slug_of
 from frontdoors.api.errors import RestApiError, api_error_of, error_json, invalid
 from inference.streams import stream_key
-from ragsite.redis import redis_async_client
+from ragsite.redis import Role, redis_async_client
 from search.access import answer_readable
 from search.answering.answers import ANSWER_END, QUIET, answer_events, event_id_valid
 from search.models import Answer
@@ -78,7 +78,7 @@ def _event_order(event_id: str) -> tuple[int, int]:
 
 async def _ended_at_or_before(answer_id, status_now: str, after: str) -> bool:
     """Whether the answer's last event, its end (the stored ``answer`` or an ``error``), is at or before ``after``."""
-    last = await redis_async_client().xrevrange(stream_key(str(answer_id)), count=1)
+    last = await redis_async_client(Role.STREAMS).xrevrange(stream_key(str(answer_id)), count=1)
     if last:
         event_id, fields = last[0]
         return fields[b"type"].decode() in ANSWER_END and _event_order(event_id.decode()) <= _event_order(after)

@@ -70,7 +70,7 @@ from ragsite import metrics, rows
 from ragsite.errors import DomainError
 from ragsite.logs import request_received_at
 from ragsite.outages import outage_of
-from ragsite.redis import redis_async_client, redis_client
+from ragsite.redis import Role, redis_async_client, redis_client
 from search import analysis
 from search.access import WORKSPACE, Reader, documents_unreadable
 from search.answering import abstention, conversations, prompting, rewriting, wording
@@ -628,7 +628,7 @@ def answer_fail(answer_id, reason: str, *, end_stream: bool = False) -> None:
 def _stream_times(request_id: str) -> tuple[float | None, float | None]:
     """Unix ms of the stream's first ``delta`` and of its last event (Redis stream ids are
     the server's clock in ms)."""
-    client = redis_client()
+    client = redis_client(Role.STREAMS)
     key = stream_key(request_id)
     first_delta = None
     for event_id, fields in client.xrange(key, count=50):
@@ -1085,7 +1085,7 @@ async def answer_stream_aread(answer_id, *, after: str = "0", block_ms: int = 15
     ``answer_fail(end_stream=True)``), so its stream is read at once, without the round
     trips that look for a stored answer first: they were on every streamed answer's time
     to first token, since its stream does not exist yet when the reader starts."""
-    if not generating and not await redis_async_client().exists(stream_key(str(answer_id))):
+    if not generating and not await redis_async_client(Role.STREAMS).exists(stream_key(str(answer_id))):
         answer = await sync_to_async(Answer.objects.get)(pk=answer_id)
         replayed = _stored_events(answer, after)
         if replayed is not None:

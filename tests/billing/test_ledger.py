@@ -21,7 +21,7 @@ from billing.models import Price, UsageRecord
 from billing.pricing import cost_of
 from inference.execution import run_routed
 from inference.streams import stream_events, stream_read
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 from tests.inference.routing_helpers import REPLY, WORDS, key_make, payload, provider_make, route_make
 from tests.upstream_server import upstream_script
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def outbox():
     """An empty outbox (rows other tests left queued would be drained here)."""
-    client = redis_client()
+    client = redis_client(Role.STREAMS)
     ledger.usage_records_store(claim_idle_ms=0)
     client.delete(ledger.OUTBOX, ledger.REJECTED)
     yield client

@@ -22,7 +22,7 @@ from billing import limits
 from billing.limits import LimitExceeded, ModelUnpriced
 from billing.models import BudgetAlert, ClientKey, Price, UsageRecord
 from billing.pricing import cost_of
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 from search.models import Workspace
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,7 +66,7 @@ def make_key():
         return key
 
     yield factory
-    client = redis_client()
+    client = redis_client(Role.LIMITS)
     for key in made:
         for name in client.scan_iter(match=f"limits:{{{key.pk}}}:*"):
             client.delete(name)
@@ -81,7 +81,7 @@ def ledger_row(key: ClientKey, cost: str | None, at: datetime = T0) -> UsageReco
 def forget_month(key: ClientKey, month: str = "2025-06") -> None:
     """Redis loses the month (a restart without its append-only file)."""
     base = f"limits:{{{key.pk}}}:{month}"
-    redis_client().delete(base, f"{base}:held", f"{base}:amounts")
+    redis_client(Role.LIMITS).delete(base, f"{base}:held", f"{base}:amounts")
 
 
 def admit(key: ClientKey, price: Price, at: datetime = T0, *, prompt: int = 100, max_tokens: int = 50):
@@ -118,7 +118,7 @@ def test_reservations_and_settlements_are_exact_integers_of_a_picodollar(price, 
     state = limits.budget_state(key, now=seconds(1))
     assert (state.spent_usd, state.reserved_usd, state.in_flight) == (actual, second.reserved_usd, 1)
     # Stored as integers of 1e-12 USD, never as floats.
-    month = redis_client().hgetall(f"limits:{{{key.pk}}}:2025-06")
+    month = redis_client(Role.LIMITS).hgetall(f"limits:{{{key.pk}}}:2025-06")
     assert month == {b"spent": b"165432020", b"committed": b"189259175"}
 
     limits.admission_release(second, now=seconds(2))
@@ -232,7 +232,7 @@ def test_the_month_is_initialised_from_the_ledger_when_redis_lost_it(price, make
     late = admit(key, price, seconds(3))
     forget_month(key)
     limits.admission_settle(late, actual_cost_usd=RESERVED, actual_tokens=150, now=seconds(4))
-    assert not redis_client().exists(f"limits:{{{key.pk}}}:2025-06")
+    assert not redis_client(Role.LIMITS).exists(f"limits:{{{key.pk}}}:2025-06")
     ledger_row(key, str(RESERVED))
     state = limits.budget_state(key, now=seconds(5))
     assert (state.spent_usd, state.reserved_usd) == (Decimal("0.100000000001") + 2 * RESERVED, 0)
@@ -248,7 +248,7 @@ def test_a_second_settlement_of_the_same_request_does_nothing(price, make_key):
 
     state = limits.budget_state(key, now=seconds(2))
     assert (state.spent_usd, state.reserved_usd, state.in_flight) == (Decimal("0.0001"), 0, 0)
-    assert redis_client().get(f"limits:{{{key.pk}}}:window:token_sum") == b"60"
+    assert redis_client(Role.LIMITS).get(f"limits:{{{key.pk}}}:window:token_sum") == b"60"
 
 
 def test_an_unsettled_reservation_stops_counting_when_it_expires(price, make_key):
@@ -382,7 +382,7 @@ def test_requests_per_minute(price, make_key):
     )
     # A refused request took nothing: no entry in the window, no reservation.
     assert limits.budget_state(key, now=seconds(10)).in_flight == 3
-    assert redis_client().zcard(f"limits:{{{key.pk}}}:window") == 3
+    assert redis_client(Role.LIMITS).zcard(f"limits:{{{key.pk}}}:window") == 3
     # The first request leaves the window 60 s after it came; the second 1 s later.
     admit(key, price, seconds(60))
     assert refusal(key, price, seconds(60)).retry_after_s == 1.0
@@ -394,7 +394,7 @@ def test_tokens_per_minute_count_the_estimate_and_settlement_corrects_it(price, 
     token_sum = f"limits:{{{key.pk}}}:window:token_sum"
     first = admit(key, price, seconds(0), prompt=100, max_tokens=300)
     admit(key, price, seconds(5), prompt=100, max_tokens=300)
-    assert redis_client().get(token_sum) == b"800"
+    assert redis_client(Role.LIMITS).get(token_sum) == b"800"
 
     refused = refusal(key, price, seconds(10), prompt=100, max_tokens=300)
     assert (refused.code, refused.status, refused.retry_after_s) == ("rate_limited", 429, 50.0)
@@ -403,13 +403,13 @@ def test_tokens_per_minute_count_the_estimate_and_settlement_corrects_it(price, 
 
     # The first request used 150 tokens, not 400: 250 come back.
     limits.admission_settle(first, actual_cost_usd=None, actual_tokens=150, now=seconds(11))
-    assert redis_client().get(token_sum) == b"550"
+    assert redis_client(Role.LIMITS).get(token_sum) == b"550"
     admit(key, price, seconds(12), prompt=100, max_tokens=300)
-    assert redis_client().get(token_sum) == b"950"
+    assert redis_client(Role.LIMITS).get(token_sum) == b"950"
     # 60 more need 10 to leave: the first request's 150, at 60 s.
     assert refusal(key, price, seconds(13), prompt=10, max_tokens=50).retry_after_s == 47.0
     admit(key, price, seconds(60), prompt=10, max_tokens=50)
-    assert redis_client().get(token_sum) == b"860"
+    assert redis_client(Role.LIMITS).get(token_sum) == b"860"
 
     # More than a minute's allowance can never be admitted: no Retry-After.
     never = refusal(key, price, seconds(60), prompt=900, max_tokens=200)
@@ -423,7 +423,7 @@ def test_a_key_without_limits_touches_no_redis_key_before_the_request(price, mak
     admission = admit(key, price)
 
     assert (admission.reserved_usd, admission.windowed) == (None, False)
-    assert list(redis_client().scan_iter(match=f"limits:{{{key.pk}}}:*")) == []
+    assert list(redis_client(Role.LIMITS).scan_iter(match=f"limits:{{{key.pk}}}:*")) == []
     # Its spending is still counted once the month is tracked (a budget set in mid-month).
     assert limits.month_spent(key, now=T0) == 0
     limits.admission_settle(admission, actual_cost_usd=RESERVED, actual_tokens=150, now=seconds(1))

@@ -104,11 +104,11 @@ def queued_request_ids(queue: str = "remote") -> list[str]:
     import json
 
     from ragsite.celery import queue_lists
-    from ragsite.redis import redis_client
+    from ragsite.redis import Role, redis_client
 
     ids = []
     for name in queue_lists(queue):
-        for raw in reversed(redis_client().lrange(name, 0, -1)):  # LPUSH: the oldest is last
+        for raw in reversed(redis_client(Role.BROKER).lrange(name, 0, -1)):  # LPUSH: the oldest is last
             message = json.loads(raw)
             ids.append(json.loads(base64.b64decode(message["body"]))[0][0])
     return ids
@@ -116,6 +116,6 @@ def queued_request_ids(queue: str = "remote") -> list[str]:
 
 def queue_purge(queue: str = "remote") -> None:
     from ragsite.celery import queue_lists
-    from ragsite.redis import redis_client
+    from ragsite.redis import Role, redis_client
 
-    redis_client().delete(*queue_lists(queue))
+    redis_client(Role.BROKER).delete(*queue_lists(queue))

@@ -660,7 +660,7 @@ def test_requests_stream_through_a_remote_worker_with_threads(start_worker, upst
     for secret in (slow_key, fast_key, fault_key):
         assert secret not in log
     # The task's result went to its link alone: no answer's text waits in the result backend.
-    from ragsite.redis import redis_client
+    from ragsite.redis import Role, redis_client
 
-    stored = [redis_client().get(key) for key in redis_client().scan_iter("celery-task-meta-*")]
+    stored = [redis_client(Role.BROKER).get(key) for key in redis_client(Role.BROKER).scan_iter("celery-task-meta-*")]
     assert [value for value in stored if value and REPLY.encode() in value] == []

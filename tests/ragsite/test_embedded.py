@@ -43,9 +43,9 @@ def test_a_process_holds_more_than_a_hundred_redis_connections_at_once():
     ragsite.redis open up to REDIS_MAX_CONNECTIONS, sync and async alike."""
     import asyncio
 
-    from ragsite.redis import redis_async_client, redis_client
+    from ragsite.redis import Role, redis_async_client, redis_client
 
-    pool = redis_client().connection_pool
+    pool = redis_client(Role.BROKER).connection_pool
     held = [pool.get_connection() for _ in range(150)]
     try:
         assert pool.max_connections == settings.REDIS_MAX_CONNECTIONS
@@ -55,7 +55,7 @@ def test_a_process_holds_more_than_a_hundred_redis_connections_at_once():
             pool.release(connection)
 
     async def hold_async() -> int:
-        client = redis_async_client()
+        client = redis_async_client(Role.BROKER)
         # 150 blocking reads at once, each on its own connection, as 150 open streams are.
         reads = [client.xread({"test:empty-stream": "$"}, block=300) for _ in range(150)]
         results = await asyncio.gather(*reads)

@@ -1,24 +1,17 @@
-"""Uploads on an S3 API server (``STORAGE_S3_BUCKET``): written by the web process, read by an
-ingest worker in another process, downloaded back; a missing bucket or refused credentials
-stop a worker and ``up`` at start and make ``/readyz`` say so, naming what to fix."""
+"""Uploads on an S3 API server (``STORAGE_S3_BUCKET``): a missing bucket or refused credentials
+stop a worker and ``up`` at start and make ``/readyz`` say so, naming what to fix. Uploads
+written by the web process and read by a worker in another process: test_scale_out.py."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
-from billing import client_keys
 from ragsite.storage import storage_status
-from search.models import Document
-from search.services import collection_create, workspace_create
-from tests.conftest import PROJECT_ROOT, database_url_for_current_test_db, web_server
-from tests.frontdoors.api.conftest import DOCUMENTS
-from tests.frontdoors.api.test_live import call, multipart
+from tests.conftest import PROJECT_ROOT, database_url_for_current_test_db
 from tests.frontdoors.test_up import _free_port as free_port
 from tests.s3_server import BUCKET, S3Server
 
@@ -34,43 +27,6 @@ def s3(tmp_path_factory):
         yield server
     finally:
         server.stop()
-
-
-@pytest.mark.django_db(transaction=True)
-def test_an_upload_goes_to_the_bucket_and_a_worker_in_another_process_ingests_it(s3, start_worker, tmp_path):
-    workspace = workspace_create(name="Acme", slug="acme")
-    collection = collection_create(workspace=workspace, name="Handbook")
-    _, token = client_keys.client_key_create(workspace, "s3", scopes=["admin"])
-    local = tmp_path / "media"
-    env = {**s3.env(), "MEDIA_ROOT": str(local)}
-    with web_server(tmp_path, env=env) as base, start_worker(["ingest", "default"], env=env):
-        body, content_type = multipart(
-            {"collection": str(collection.pk)}, {name: text.encode() for name, text in DOCUMENTS.items()}
-        )
-        status, _, uploaded = call("POST", f"{base}/api/v1/documents", token, body, content_type)
-        assert status == 201, uploaded
-        deadline = time.monotonic() + 120
-        for document in uploaded["documents"]:
-            while (detail := call("GET", document["url"], token)[2])["status"] != "indexed":
-                assert detail["status"] != "failed" and time.monotonic() < deadline, detail
-                time.sleep(0.2)
-            assert detail["progress"]["chunks_embedded"] == detail["progress"]["chunks_total"] > 0
-
-        robot = Document.objects.get(source_name="robot.md")
-        request = urllib.request.Request(
-            f"{base}/api/v1/documents/{robot.pk}/file", headers={"Authorization": f"Bearer {token}"}
-        )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            assert response.read() == DOCUMENTS["robot.md"].encode()
-        ready = call("GET", f"{base}/readyz", token)[2]  # 503 (no gpu or remote worker), storage ok
-
-    names = sorted(document.file.name for document in Document.objects.all())
-    assert len(names) == 2 and all(name.startswith("documents/") for name in names)
-    assert s3.keys() == names
-    assert s3.client().get_object(Bucket=BUCKET, Key=robot.file.name)["Body"].read() == DOCUMENTS["robot.md"].encode()
-    assert not local.exists() or not any(path.is_file() for path in local.rglob("*"))  # nothing on the local disk
-    assert ready["checks"]["storage"]["ok"] is True
-    assert ready["checks"]["storage"]["where"] == f"s3://{BUCKET}/ at {s3.endpoint_url}"
 
 
 def s3_storage(settings, s3: S3Server, bucket: str, secret: str) -> None:

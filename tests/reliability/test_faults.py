@@ -32,7 +32,7 @@ from billing import client_keys, ledger
 from billing.models import UsageRecord
 from inference.models import Provider, Route
 from inference.streams import stream_events, stream_read
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 from search.answering.answers import answer_create
 from search.models import Answer, Chunk, Document
 from search.services import collection_create, document_create, workspace_create
@@ -244,7 +244,7 @@ def test_a_map_steps_worker_killed_mid_generation_fails_the_answer_with_that_ste
 
 def queued(queue: str) -> int:
     """Messages waiting in a Celery queue on Redis (kombu's list, and its priority lists)."""
-    client = redis_client()
+    client = redis_client(Role.BROKER)
     return sum(client.llen(key) for key in client.scan_iter(match=f"{queue}*") if client.type(key) == b"list")
 
 

@@ -29,7 +29,7 @@ from billing import client_keys
 from inference import backpressure
 from inference.models import Provider, Route, UpstreamKey
 from ragsite.celery import queue_lists
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 from search.models import Answer
 from search.services import workspace_create
 
@@ -75,13 +75,13 @@ def site(upstream_server):
     # Without documents nothing answers a question: this route generates all the same, so that
     # its answers are queued (the subject here), instead of declining at once.
     Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=32, abstains=False)
-    redis_client().delete(*queue_lists(QUEUE), backpressure.reservations_key(QUEUE))
+    redis_client(Role.BROKER).delete(*queue_lists(QUEUE), backpressure.reservations_key(QUEUE))
     _, token = client_keys.client_key_create(workspace, "load", scopes=["search", "generate"])
     return token
 
 
 def queued() -> int:
-    return redis_client().llen(QUEUE)
+    return redis_client(Role.BROKER).llen(QUEUE)
 
 
 def ask(base_url: str, token: str, question: str = "How long does charging take?", wait: int | None = None):
@@ -118,7 +118,7 @@ def test_answers_beyond_the_queue_bound_get_503_and_nothing_is_enqueued(site, st
         )  # fmt: skip
         assert status == 503 and (headers["Retry-After"], headers["retry-after-ms"]) == ("2", "2000")
         assert body["error"]["code"] == "route_unavailable" and body["error"]["type"] == "service_unavailable"
-        assert queued() == 3 and redis_client().zcard(backpressure.reservations_key(QUEUE)) == 0
+        assert queued() == 3 and redis_client(Role.BROKER).zcard(backpressure.reservations_key(QUEUE)) == 0
         # Each refused answer is stored failed with the reason; the admitted ones wait.
         assert Answer.objects.filter(status=Answer.Status.GENERATING).count() == 3
         failed = Answer.objects.filter(status=Answer.Status.FAILED)

@@ -11,7 +11,7 @@ from django.db import DataError, connection
 
 from billing import ledger
 from billing.models import UsageRecord
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 from search.ingest import chunk_writes, pipeline
 from search.ingest.parsers import parse_document
 from search.models import Chunk, Collection, Document, TermStat
@@ -187,14 +187,14 @@ def test_a_document_cut_off_three_times_fails_instead_of_being_redelivered_for_e
     for cut_off in range(1, INGEST_MAX_INTERRUPTIONS):
         Document.objects.filter(pk=document.pk).update(**in_progress)
         assert document_ingest.apply(args=(document.pk,)).get() == "indexed"  # the task, run here
-        assert int(redis_client().get(interruptions_key(document.pk))) == cut_off
+        assert int(redis_client(Role.BROKER).get(interruptions_key(document.pk))) == cut_off
     Document.objects.filter(pk=document.pk).update(**in_progress)
     assert document_ingest.apply(args=(document.pk,)).get() == "failed"
     document.refresh_from_db()
     assert document.error.startswith("ingestion was cut off 3 times: the worker process died while working on this")
     # A retry by a person starts a new count.
     document_retry(document=document)
-    assert redis_client().get(interruptions_key(document.pk)) is None
+    assert redis_client(Role.BROKER).get(interruptions_key(document.pk)) is None
     assert pipeline.document_ingest(document_id=document.pk).status == "indexed"
 
 
@@ -304,7 +304,7 @@ def test_bulk_ingestion_overlaps_writes_with_embedding_and_loses_nothing(monkeyp
 
 
 def test_embedding_calls_are_on_the_ledger_one_row_per_document(collection):
-    redis_client().delete(ledger.OUTBOX)  # rows other tests left are not this database's
+    redis_client(Role.STREAMS).delete(ledger.OUTBOX)  # rows other tests left are not this database's
     handbook = ingest(collection, "handbook.md", HANDBOOK)
     other = ingest(collection, "notes.txt", "Travel insurance covers lost luggage up to 1000 EUR per trip.")
 

@@ -25,7 +25,7 @@ from django.test import Client
 from billing import client_keys, ledger
 from billing.models import UsageRecord
 from inference.models import Provider, Route, RouteFallback, UpstreamKey
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 from search.services import collection_create, workspace_create
 from tests.inference.routing_helpers import unique
 from tests.search.files import ingest_texts
@@ -60,7 +60,7 @@ def database_text() -> dict[str, str]:
 
 
 def redis_text() -> dict[str, str]:
-    client = redis_client()
+    client = redis_client(Role.BROKER)
     text = {}
     for key in client.scan_iter(count=1000):
         kind = client.type(key).decode()

@@ -37,6 +37,7 @@ from inference.serving import EngineServer, PoolConfig, pool_off, pool_register,
 from ragsite import embedded
 from ragsite.celery import unacked_restore
 from ragsite.env import redact_url
+from ragsite.redis import Role, redis_url
 from ragsite.storage import StorageUnavailable, storage_check, storage_description
 from ragsite.supervision import SupervisedProcess
 
@@ -125,6 +126,9 @@ class Command(BaseCommand):
         embedded_redis = " (embedded)" if settings.EMBEDDED_REDIS else ""
         self.stdout.write(f"database: {redact_url(settings.DATABASE_URL)}{embedded_pg}")
         self.stdout.write(f"redis:    {redact_url(settings.REDIS_URL)}{embedded_redis}")
+        for role in Role:  # those given a Redis of their own (REDIS_<ROLE>_URL)
+            if redis_url(role) != settings.REDIS_URL:
+                self.stdout.write(f"redis {role}: {redact_url(redis_url(role))}")
         self.stdout.write(f"uploads:  {storage_description()}")
         try:
             storage_check()

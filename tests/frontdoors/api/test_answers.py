@@ -25,7 +25,7 @@ from frontdoors.api import streaming
 from inference.models import Provider, Route, UpstreamKey
 from inference.streams import StreamWriter
 from ragsite.celery import queue_depth, queue_lists
-from ragsite.redis import redis_client
+from ragsite.redis import Role, redis_client
 from search.models import Answer, Document, Membership
 from search.services import workspace_create
 from tests.frontdoors.api.conftest import DOCUMENTS
@@ -60,7 +60,7 @@ def submitted():
     """``submitted()``: the request ids of the generations sent, read back from the ``remote``
     queue in Redis. Submission is the real one (admission, the queue bound, the Celery
     message); no worker consumes the queue here, and the messages are removed afterwards."""
-    client = redis_client()
+    client = redis_client(Role.BROKER)
     lists = queue_lists("remote")
     assert queue_depth("remote") == 0
 
