@@ -227,46 +227,30 @@ def japanese_browser():
 # The first test to use a vLLM pool also waits for its server to start (~100 s alone, more on a
 # busy machine), inside pytest-timeout's limit, which covers fixture set-up.
 VLLM_TEST_TIMEOUT_S = 900
-# The session's vLLM servers, by the fixture that serves each: (name, speculation).
-VLLM_POOLS = {"ngram_pool": ("ngram-pool", "ngram"), "draft_pool": ("draft-pool", "draft")}
-_VLLM_POOLS_WANTED = pytest.StashKey[set]()
 
 
 def pytest_collection_modifyitems(config, items):
-    wanted = set()
     for item in items:
-        used = set(VLLM_POOLS) & set(getattr(item, "fixturenames", ()))
-        if used:
+        if {"ngram_pool", "draft_pool"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.timeout(VLLM_TEST_TIMEOUT_S))
-        wanted |= used
-    config.stash[_VLLM_POOLS_WANTED] = wanted
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _vllm_pools(request, tmp_path_factory):
-    """The vLLM servers the collected tests use, started before the first test runs and waited
-    for by the first test that uses each: they start (one to two minutes each here) while the
-    tests that need none run, instead of in front of those that do."""
-    from tests.pools import vllm_pool_started
-
-    pools = {}
-    try:
-        for fixture in sorted(request.config.stash.get(_VLLM_POOLS_WANTED, set())):
-            name, speculative = VLLM_POOLS[fixture]
-            pools[fixture] = vllm_pool_started(tmp_path_factory.mktemp(name), name=name, speculative=speculative)
-        yield pools
-    finally:
-        for pool in pools.values():
-            pool.stop()
-
-
+# Started when the first test that uses each asks, not before: started with the session (so that
+# their minutes overlapped the database tests), the fresh-clone run took longer, not less (two
+# servers starting beside the first tests, then idle ones polling for the whole run).
 @pytest.fixture(scope="session")
-def ngram_pool(_vllm_pools):
+def ngram_pool(tmp_path_factory):
     """A vLLM server speculating with n-grams of the prompt (k=4), shared by the session."""
-    return _vllm_pools["ngram_pool"].wait_ready()
+    from tests.pools import vllm_pool
+
+    with vllm_pool(tmp_path_factory.mktemp("ngram-pool"), name="ngram-pool", speculative="ngram") as pool:
+        yield pool
 
 
 @pytest.fixture(scope="session")
-def draft_pool(_vllm_pools):
+def draft_pool(tmp_path_factory):
     """A vLLM server speculating with a draft model (the target itself: all accepted), shared."""
-    return _vllm_pools["draft_pool"].wait_ready()
+    from tests.pools import vllm_pool
+
+    with vllm_pool(tmp_path_factory.mktemp("draft-pool"), name="draft-pool", speculative="draft") as pool:
+        yield pool

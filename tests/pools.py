@@ -43,16 +43,6 @@ class TestPool:
     config: PoolConfig
     server: EngineServer
     log_path: Path
-    log_file: object = None
-
-    def wait_ready(self, timeout: float = 600) -> TestPool:
-        self.server.wait_ready(timeout=timeout)
-        return self
-
-    def stop(self) -> None:
-        self.server.stop()
-        if self.log_file is not None:
-            self.log_file.close()
 
     @property
     def url(self) -> str:
@@ -94,11 +84,11 @@ class TestPool:
         return self.log_path.read_text(errors="replace")
 
 
-def vllm_pool_started(folder: Path, *, name: str, speculative: str, k: int = 4) -> TestPool:
+@contextmanager
+def vllm_pool(folder: Path, *, name: str, speculative: str, k: int = 4):
     """A vLLM server on a free loopback port serving a 4-layer random Llama of width 256 (the
-    tests' tokenizer, with a chat template), started and not yet waited for (``wait_ready``);
-    ``speculative="draft"`` drafts with the target itself, so that every greedy proposal is
-    accepted. Restarted by its supervisor when it dies."""
+    tests' tokenizer, with a chat template); ``speculative="draft"`` drafts with the target itself,
+    so that every greedy proposal is accepted. Restarted by its supervisor when it dies."""
     folder.mkdir(parents=True, exist_ok=True)
     model = tiny_model_save(folder / "target", 1, layers=4, width=256, max_positions=MAX_MODEL_LEN, chat_template=True)
     config = PoolConfig(
@@ -116,24 +106,14 @@ def vllm_pool_started(folder: Path, *, name: str, speculative: str, k: int = 4) 
     log_path = folder / "server.log"
     log_file = open(log_path, "a", buffering=1)
     server = EngineServer.for_device(config, 0, log=lambda line: log_file.write(line + "\n"))
-    pool = TestPool(config, server, log_path, log_file)
     try:
         server.start()
         server.keep_alive()
-    except BaseException:
-        pool.stop()
-        raise
-    return pool
-
-
-@contextmanager
-def vllm_pool(folder: Path, *, name: str, speculative: str, k: int = 4):
-    """``vllm_pool_started``, waited for, and stopped afterwards."""
-    pool = vllm_pool_started(folder, name=name, speculative=speculative, k=k)
-    try:
-        yield pool.wait_ready()
+        server.wait_ready(timeout=600)
+        yield TestPool(config, server, log_path)
     finally:
-        pool.stop()
+        server.stop()
+        log_file.close()
 
 
 def closed_device() -> str:
