@@ -13,7 +13,6 @@ import csv
 import io
 import time
 import urllib.request
-import uuid
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -25,16 +24,15 @@ from django.db import connection
 
 from billing import client_keys
 from billing.models import UsageRecord
-from inference.models import Provider, Route, UpstreamKey
 from search.models import Document
 from search.services import collection_create, workspace_create
 from tests.conftest import database_url_for_current_test_db, web_server
 from tests.frontdoors.api.conftest import DOCUMENTS
-from tests.frontdoors.api.test_live import call, multipart, read_events
+from tests.frontdoors.api.test_live import call, read_events, stand_in_route, upload_and_wait_indexed
 from tests.pgbouncer import REPLICA, PgBouncer
 from tests.s3_server import BUCKET, S3Server
 from tests.sentinel import MASTER, Sentinel
-from tests.upstream_server import upstream_log, upstream_script
+from tests.upstream_server import upstream_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -103,17 +101,8 @@ def test_upload_search_answers_and_the_admin_with_every_service_apart(
     collection = collection_create(workspace=workspace, name="Handbook")
     key, token = client_keys.client_key_create(workspace, "apart", scopes=["admin"], requests_per_minute=100)
     get_user_model().objects.create_superuser("ops", "ops@example.com", PASSWORD)
-    provider = Provider.objects.create(
-        name="stand-in", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url=upstream_server, model="stand-in-7b",
-        context_window=4096, first_token_timeout_s=20, total_timeout_s=60,
-    )  # fmt: skip
-    api_key = f"sk-apart-{uuid.uuid4().hex}"
-    upstream_key = UpstreamKey(provider=provider, label="main")
-    upstream_key.set_secret(api_key)
-    upstream_key.save()
-    Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=64)
+    api_key = stand_in_route(upstream_server, "apart", token_delay_ms=10)
     reply = "The robot runs for 10 hours on one charge [1]."
-    upstream_script(upstream_server, api_key, [{"token_delay_ms": 10}])
     before, replica_before = bouncer.transactions(database), bouncer.transactions(REPLICA)
 
     with (
@@ -121,17 +110,7 @@ def test_upload_search_answers_and_the_admin_with_every_service_apart(
         start_worker(["ingest", "default"], env=env) as ingest_worker,
         start_worker(["remote"], pool="threads", concurrency=2, env=env) as remote_worker,
     ):
-        body, content_type = multipart(
-            {"collection": str(collection.pk)}, {name: text.encode() for name, text in DOCUMENTS.items()}
-        )
-        status, _, uploaded = call("POST", f"{base}/api/v1/documents", token, body, content_type)
-        assert status == 201, uploaded
-        deadline = time.monotonic() + 120
-        for document in uploaded["documents"]:
-            while (detail := call("GET", document["url"], token)[2])["status"] != "indexed":
-                assert detail["status"] != "failed" and time.monotonic() < deadline, detail
-                time.sleep(0.2)
-            assert detail["progress"]["chunks_embedded"] == detail["progress"]["chunks_total"] > 0
+        upload_and_wait_indexed(base, token, collection.pk)
 
         for mode in ("dense", "keyword", "hybrid"):
             status, _, found = call("POST", f"{base}/api/v1/search", token, {"query": "battery charge", "mode": mode})
@@ -145,8 +124,9 @@ def test_upload_search_answers_and_the_admin_with_every_service_apart(
         events = read_events(answer["stream_url"] + "?unverified=true", token)
         assert "".join(data["text"] for _, kind, _, data in events if kind == "delta") == reply
         assert (events[-1][1], events[-1][3]["text"], events[-1][3]["grounded"]) == ("answer", reply, 1.0)
+        deadline = time.monotonic() + 60
         while not UsageRecord.objects.filter(client_key=key).exists():
-            assert time.monotonic() < deadline + 60, "the answer was not billed"
+            assert time.monotonic() < deadline, "the answer was not billed"
             time.sleep(0.2)
 
         robot = Document.objects.get(source_name="robot.md")

@@ -84,6 +84,39 @@ def read_events(url: str, token: str, last_event_id: str | None = None) -> list[
     return events
 
 
+def stand_in_route(upstream_server: str, name: str, *, token_delay_ms: int) -> str:
+    """The default route to the OpenAI-protocol stand-in, with a key of its own (returned), the
+    stand-in told to pace its tokens."""
+    provider = Provider.objects.create(
+        name="stand-in", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url=upstream_server, model="stand-in-7b",
+        context_window=4096, first_token_timeout_s=20, total_timeout_s=60,
+    )  # fmt: skip
+    api_key = f"sk-{name}-{uuid.uuid4().hex}"
+    upstream_key = UpstreamKey(provider=provider, label="main")
+    upstream_key.set_secret(api_key)
+    upstream_key.save()
+    Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=64)
+    upstream_script(upstream_server, api_key, [{"token_delay_ms": token_delay_ms}])
+    return api_key
+
+
+def upload_and_wait_indexed(base: str, token: str, collection_id: int) -> list[dict]:
+    """DOCUMENTS uploaded in one multipart request, then followed until a worker has indexed
+    each (every chunk embedded); returns the upload's documents as the API answered them."""
+    body, content_type = multipart(
+        {"collection": str(collection_id)}, {name: text.encode() for name, text in DOCUMENTS.items()}
+    )
+    status, _, uploaded = call("POST", f"{base}/api/v1/documents", token, body, content_type)
+    assert status == 201, uploaded
+    deadline = time.monotonic() + 120
+    for document in uploaded["documents"]:
+        while (detail := call("GET", document["url"], token)[2])["status"] != "indexed":
+            assert detail["status"] != "failed" and time.monotonic() < deadline, detail
+            time.sleep(0.2)
+        assert detail["progress"]["chunks_embedded"] == detail["progress"]["chunks_total"] > 0
+    return uploaded["documents"]
+
+
 def test_an_extractive_answer_streams_over_uvicorn_and_resumes(live):
     workspace = workspace_create(name="Acme", slug="acme")
     ingest(collection_create(workspace=workspace, name="Handbook"), DOCUMENTS)
@@ -114,32 +147,13 @@ def test_upload_ingest_and_a_generated_answer_streamed_delta_by_delta(live, medi
     workspace = workspace_create(name="Acme", slug="acme")
     collection = collection_create(workspace=workspace, name="Handbook")
     _, token = client_keys.client_key_create(workspace, "live", scopes=["admin"])
-    provider = Provider.objects.create(
-        name="stand-in", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url=upstream_server, model="stand-in-7b",
-        context_window=4096, first_token_timeout_s=20, total_timeout_s=60,
-    )  # fmt: skip
-    api_key = f"sk-live-{uuid.uuid4().hex}"
-    upstream_key = UpstreamKey(provider=provider, label="main")
-    upstream_key.set_secret(api_key)
-    upstream_key.save()
-    Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=64)
+    api_key = stand_in_route(upstream_server, "live", token_delay_ms=150)
     reply = "The robot runs for 10 hours on one charge [1]."
-    upstream_script(upstream_server, api_key, [{"token_delay_ms": 150}])
 
     media = {"MEDIA_ROOT": str(media_root)}
     with start_worker(["ingest", "default"], env=media), start_worker(["remote"], pool="threads", concurrency=2):
-        body, content_type = multipart(
-            {"collection": str(collection.pk)}, {name: text.encode() for name, text in DOCUMENTS.items()}
-        )
-        status, _, uploaded = call("POST", f"{live}/api/v1/documents", token, body, content_type)
-        assert status == 201, uploaded
-        assert [document["status"] for document in uploaded["documents"]] == ["queued", "queued"]
-        deadline = time.monotonic() + 120
-        for document in uploaded["documents"]:
-            while (detail := call("GET", document["url"], token)[2])["status"] != "indexed":
-                assert detail["status"] != "failed" and time.monotonic() < deadline, detail
-                time.sleep(0.2)
-            assert detail["progress"]["chunks_embedded"] == detail["progress"]["chunks_total"] > 0
+        uploaded = upload_and_wait_indexed(live, token, collection.pk)
+        assert [document["status"] for document in uploaded] == ["queued", "queued"]  # as the upload answered
 
         question = f"How long does the robot run?\nREPLY: {reply}"
         status, _, answer = call("POST", f"{live}/api/v1/answers", token, {"question": question})
