@@ -163,6 +163,16 @@ def _install_both(verb: str) -> None:
         raise failed[0]
 
 
+def _test_processes(rest: list[str]) -> list[str]:
+    """pytest-xdist's options for a run: one test process per usable core (at most four),
+    unless the command line chooses (``-n 0`` runs in one). Tests that share a vLLM server go to
+    one process together (their ``xdist_group``, tests/conftest.py): a second would start its own."""
+    if any(arg == "-n" or arg.startswith(("-n", "--numprocesses", "--dist")) for arg in rest):
+        return []
+    processes = min(4, len(os.sched_getaffinity(0)))
+    return ["-n", str(processes), "--dist", "loadgroup"] if processes > 1 else []
+
+
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in REQUIREMENTS:
         sys.exit(__doc__)
@@ -183,7 +193,7 @@ def main(argv: list[str]) -> None:
     if verb == "up":
         command = [str(PYTHON), "manage.py", "up", *rest]
     else:
-        command = [str(PYTHON), "-m", "pytest", *rest]
+        command = [str(PYTHON), "-m", "pytest", *_test_processes(rest), *rest]
     os.execv(command[0], command)
 
 

@@ -227,12 +227,18 @@ def japanese_browser():
 # The first test to use a vLLM pool also waits for its server to start (~100 s alone, more on a
 # busy machine), inside pytest-timeout's limit, which covers fixture set-up.
 VLLM_TEST_TIMEOUT_S = 900
+# The tests that start or use a vLLM server (``xdist_group``): each binds its threads to the same
+# cores (inference.serving.engine_cpu_cores), so two at once would share them.
+VLLM_GROUP = "vllm"
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if {"ngram_pool", "draft_pool"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.timeout(VLLM_TEST_TIMEOUT_S))
+            # In one test process together (dev.py runs pytest-xdist with --dist loadgroup): the
+            # session's vLLM servers start once, and beside no other vLLM on the same core.
+            item.add_marker(pytest.mark.xdist_group(VLLM_GROUP))
 
 
 # Started when the first test that uses each asks, not before: started with the session (so that
