@@ -192,7 +192,7 @@ class Routing:
         last = handover.get("last_error") if handover else None
         self.last: Failure | None = Failure(**last) if last else None
         self.pending: dict | None = None  # the retry event announcing the next attempt
-        self.timed_out_on: set[str] = set()  # pool devices an attempt of this request timed out on
+        self.failed_on: set[str] = set()  # pool devices an attempt of this request could not reach or timed out on
         self._fallbacks: list[Route] | None = None
         # The route's first key, picked in the statement that loaded the route (for its own provider).
         prefetch = not route.provider.is_local and not replaced
@@ -412,17 +412,26 @@ class Routing:
         self.outcome.upstream_key_id = key_id
 
     def attempt_pool(self, route: Route) -> Failure | None:
-        """One call to the least loaded device of the route's GPU pool; a device that cannot
-        be reached is passed over by this process until its next load reading."""
-        device = pool.device_pick(route.provider.devices, avoid=frozenset(self.timed_out_on))
-        failure = self.attempt(route, base_url=device, api_key=settings.GPU_POOL_API_KEY or "EMPTY", key_id=None)
-        if failure is not None and failure.kind == "connection":
+        """One call to a device of the route's GPU pool: the one whose prefix cache most likely
+        holds the prompt's beginning, within its share of the load (``pool.device_pick``); a
+        device that cannot be reached is passed over by this process until its next load
+        reading, and by this request's retries."""
+        devices = route.provider.devices
+        affinity = pool.prefix_affinity(self.payload["messages"])
+        with pool.device_use(devices, avoid=frozenset(self.failed_on), affinity=affinity) as device:
+            failure = self.attempt(route, base_url=device, api_key=settings.GPU_POOL_API_KEY or "EMPTY", key_id=None)
+        if failure is None:
+            # Which of the pool's servers answered, as its place in the pool's list (the stats
+            # reach API clients: not the server's internal URL).
+            self.outcome.stats["device"] = devices.index(device)
+        elif failure.kind == "connection":
             pool.device_failed(device, failure.message)
-        if failure is not None and failure.kind == "timeout":
+            self.failed_on.add(device)
+        elif failure.kind == "timeout":
             # The attempt closed its connection before returning, which is how vLLM (and
             # SGLang) cancel a request: the retry never runs beside it. It also goes to
             # another device while the pool has one (docs/routing.md, "Retries").
-            self.timed_out_on.add(device)
+            self.failed_on.add(device)
         return failure
 
     def attempt(self, route: Route, *, base_url: str, api_key: str, key_id: int | None) -> Failure | None:

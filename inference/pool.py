@@ -7,16 +7,26 @@ vLLM cannot run). A device's load is what its server says on ``/metrics``
 ``LOAD_MAX_AGE_S`` per process: the gpu workers pick the least loaded device with it,
 and the web tier admits a new generation against the engines' own queues
 (``inference.backpressure.pool_admit``). docs/architecture.md, "The GPU pool".
+
+Requests that begin alike go to the same device, whose prefix cache then holds their
+beginning, while its load stays within ``GPU_POOL_AFFINITY_BALANCE`` of the pool's mean
+(``device_pick``; docs/scaling.md, "Several devices").
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx2
+from django.conf import settings
 
 # A device's load is reused this long by a process before its /metrics is read again.
 LOAD_MAX_AGE_S = 0.5
@@ -101,13 +111,14 @@ def device_health(url: str, *, timeout: float = PROBE_TIMEOUT_S) -> str:
 
 
 class _Loads:
-    """This process's latest load of each device, the generations it sent to each since, and
-    the devices being read again in the background."""
+    """This process's latest load of each device, the generations it sent to each since that
+    are still in progress, and the devices being read again in the background."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.loads: dict[str, tuple[float, DeviceLoad]] = {}
         self.sent_since: dict[str, int] = {}
+        self.readings: dict[str, int] = {}  # how many times each device was read: a reading's number
         self.refreshing: set[str] = set()
 
     def get(self, urls: list[str], max_age: float, fresh: bool) -> list[DeviceLoad]:
@@ -135,10 +146,20 @@ class _Loads:
         with self.lock:
             self.loads[url] = (time.monotonic(), load)
             self.sent_since[url] = 0
+            self.readings[url] = self.readings.get(url, 0) + 1
 
-    def sent(self, url: str) -> None:
+    def sent(self, url: str) -> int:
+        """Count a generation sent to ``url``; returns the number of the reading it came after."""
         with self.lock:
             self.sent_since[url] = self.sent_since.get(url, 0) + 1
+            return self.readings.get(url, 0)
+
+    def finished(self, url: str, reading: int) -> None:
+        """A generation sent after reading number ``reading`` has ended: no longer counted, unless
+        a newer reading has counted it already (or its end) in the server's own figures."""
+        with self.lock:
+            if self.readings.get(url, 0) == reading and self.sent_since.get(url, 0) > 0:
+                self.sent_since[url] -= 1
 
     def down(self, url: str, reason: str) -> None:
         with self.lock:
@@ -170,24 +191,73 @@ def devices_load(urls: list[str], *, max_age: float = LOAD_MAX_AGE_S, fresh: boo
     return _loads.get(list(urls), max_age, fresh)
 
 
-def device_pick(urls: list[str], *, avoid: frozenset[str] = frozenset()) -> str:
-    """The device to send the next generation to: the up one with the fewest requests
-    (running and waiting on its server, plus those this process sent since it last read
-    that), the first listed among equals. With none up, the first device: the attempt
-    then fails with the connection's own reason, and the router retries or fails over.
+def prefix_affinity(messages: list[dict]) -> str:
+    """The key of the device a request should go to for its prompt's beginning to be in that
+    device's prefix cache. A conversation's later turns share their instructions and first
+    exchange (search.answering.prompting puts the earlier turns before the sources), so a
+    request with earlier turns is keyed by those; a first question shares only the
+    instructions, which every device serving the route holds, so it is keyed by itself:
+    first questions spread over the devices."""
+    turns = [index for index, message in enumerate(messages) if message.get("role") != "system"]
+    shared = messages[: turns[2]] if len(turns) > 2 else messages  # up to the first exchange's end
+    text = json.dumps([[message.get("role"), message.get("content")] for message in shared], ensure_ascii=False)
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
-    ``avoid``: devices this request's earlier attempts timed out on; another one is chosen
-    while one is left (a retry of a prompt that a device could not start in time goes
-    elsewhere), else the least loaded of them."""
+
+def device_ranking(affinity: str, urls: list[str]) -> list[str]:
+    """``urls`` in the order ``affinity`` prefers them: rendezvous hashing, each device ranked by
+    a hash of the key and its URL, so that a device added or lost moves only the keys it ranks
+    first, and the other keys stay on the devices whose caches hold them."""
+
+    def score(url: str) -> bytes:
+        return hashlib.blake2b(f"{affinity}\0{url}".encode(), digest_size=8).digest()
+
+    return sorted(urls, key=score, reverse=True)
+
+
+def device_pick(urls: list[str], *, avoid: frozenset[str] = frozenset(), affinity: str = "") -> str:
+    """The device to send the next generation to, among the up ones (``device_use`` counts it
+    until it ends). A device's load is its requests running and waiting on its server plus
+    those this process sent it since it last read that and that have not ended. With an
+    ``affinity`` (``prefix_affinity``), the first device of its ranking whose load, with this
+    request, stays within ``GPU_POOL_AFFINITY_BALANCE`` times the mean load of the up devices
+    with it (consistent hashing with bounded loads); without one, or that setting 0, the
+    least loaded, the first listed among equals. With none up, the first
+    device: the attempt then fails with the connection's own reason, and the router retries.
+
+    ``avoid``: devices this request's earlier attempts failed on; another one is chosen while
+    one is left (a retry of a prompt that a device could not start in time goes elsewhere),
+    else among them."""
+    return _pick(urls, avoid, affinity)[0]
+
+
+@contextmanager
+def device_use(urls: list[str], *, avoid: frozenset[str] = frozenset(), affinity: str = "") -> Iterator[str]:
+    """``device_pick``'s device, counted in this process's load of it until the block ends."""
+    chosen, reading = _pick(urls, avoid, affinity)
+    try:
+        yield chosen
+    finally:
+        _loads.finished(chosen, reading)
+
+
+def _pick(urls: list[str], avoid: frozenset[str], affinity: str) -> tuple[str, int]:
     candidates = [url for url in urls if url not in avoid] or list(urls)
     if len(candidates) == 1:
         chosen = candidates[0]  # nothing to choose: no reading needed
     else:
-        loads = devices_load(candidates)
-        up = [load for load in loads if load.up]
-        chosen = min(up, key=lambda load: load.busy + _loads.pending(load.url)).url if up else candidates[0]
-    _loads.sent(chosen)
-    return chosen
+        loads = {load.url: load.busy + _loads.pending(load.url) for load in devices_load(candidates) if load.up}
+        chosen = _chosen(loads, affinity) if loads else candidates[0]
+    return chosen, _loads.sent(chosen)
+
+
+def _chosen(loads: dict[str, int], affinity: str) -> str:
+    least = min(loads, key=loads.__getitem__)  # dicts keep the listed order: the first among equals
+    balance = settings.GPU_POOL_AFFINITY_BALANCE
+    if not affinity or not balance:
+        return least
+    bound = math.ceil(balance * (sum(loads.values()) + 1) / len(loads))
+    return next((url for url in device_ranking(affinity, list(loads)) if loads[url] + 1 <= bound), least)
 
 
 def device_failed(url: str, reason: str) -> None:

@@ -323,6 +323,15 @@ GPU_WORKER_CONCURRENCY = env_int("GPU_WORKER_CONCURRENCY", 64, minimum=1, maximu
 # A new generation for a pool is refused (503, Retry-After) while its engines already hold
 # this many requests waiting per serving device (vllm:num_requests_waiting); 0: no bound.
 GPU_POOL_MAX_WAITING = env_int("GPU_POOL_MAX_WAITING", 32, minimum=0)
+# A conversation's requests go to the device whose prefix cache holds its earlier turns while
+# that device's load stays within this factor of its pool's mean (consistent hashing with
+# bounded loads, as HAProxy's hash-balance-factor; inference/pool.py); 0: always the least
+# loaded device. docs/scaling.md, "Several devices".
+GPU_POOL_AFFINITY_BALANCE = env_float("GPU_POOL_AFFINITY_BALANCE", 1.25, minimum=0.0)
+if 0 < GPU_POOL_AFFINITY_BALANCE < 1:
+    raise ImproperlyConfigured(
+        f"GPU_POOL_AFFINITY_BALANCE must be 0 (off) or at least 1, got {GPU_POOL_AFFINITY_BALANCE}"
+    )
 # --- end of the GPU pool ---
 REMOTE_WORKER_CONCURRENCY = env_int("REMOTE_WORKER_CONCURRENCY", 16, minimum=1, maximum=1000)
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -233,12 +234,36 @@ VLLM_GROUP = "vllm"
 
 
 def pytest_collection_modifyitems(config, items):
+    # schemathesis gives every operation's test its function's node id (tests/security/
+    # test_api_fuzz.py); pytest-xdist schedules by node id, and ran one of 21. Each gets its own
+    # name (which names the operation) as its id; any id still shared stops the run.
+    for item in items:
+        if not item.nodeid.endswith(f"::{item.name}"):
+            _node_id_set(item, f"{item.parent.nodeid}::{item.name}")
+    shared = sorted(nodeid for nodeid, count in Counter(item.nodeid for item in items).items() if count > 1)
+    if shared:
+        raise pytest.UsageError(f"tests share a node id, which pytest-xdist would run once: {shared}")
     for item in items:
         if {"ngram_pool", "draft_pool"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.timeout(VLLM_TEST_TIMEOUT_S))
             # In one test process together (dev.py runs pytest-xdist with --dist loadgroup): the
             # session's vLLM servers start once, and beside no other vLLM on the same core.
             item.add_marker(pytest.mark.xdist_group(VLLM_GROUP))
+    if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker, with --dist loadgroup
+        # What pytest-xdist's own hook does, in pytest 9's terms: a group's tests are one unit
+        # of work because their ids end in "@<group>".
+        for item in items:
+            groups = sorted({str(mark.args[0]) for mark in item.iter_markers("xdist_group")})
+            if groups:
+                _node_id_set(item, f"{item.nodeid}@{'_'.join(groups)}")
+
+
+def _node_id_set(item: pytest.Item, nodeid: str) -> None:
+    # pytest 9 keeps a node's id in ``_id``; pytest-xdist 3.8 (the latest) still sets the
+    # ``_nodeid`` of pytest 8, which pytest 9 no longer reads, so its groups did not group.
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(nodeid)
 
 
 # Started when the first test that uses each asks, not before: started with the session (so that

@@ -71,6 +71,10 @@ Fault injection, per API key (so concurrent tests with different keys never inte
     ``POST /_control/reset``: forget every script and log, or only K's with
     ``{"api_key": K}``.
 
+    ``GET /metrics``: vLLM's ``vllm:num_requests_running`` (the chat completions in progress
+    that came with this request's Host header: each URL the server plays a device by has its
+    own) and ``vllm:num_requests_waiting`` (0), which the GPU pool's device choice reads.
+
 The module also has the small client the tests use for the control API
 (``upstream_script``, ``upstream_log``, ``upstream_reset``).
 """
@@ -195,6 +199,7 @@ class State:
         self.lock = threading.Lock()
         self.scripts: dict[str, list] = {}
         self.logs: dict[str, list[dict]] = {}
+        self.running: dict[str, int] = {}  # chat completions in progress, per Host header
 
     def next_step(self, key: str) -> dict | str:
         with self.lock:
@@ -209,10 +214,17 @@ class State:
     def record(self, key: str, entry: dict) -> None:
         with self.lock:
             self.logs.setdefault(key, []).append(entry)
+            self.running[entry["host"]] = self.running.get(entry["host"], 0) + 1
 
     def finish(self, entry: dict, outcome: str, **fields) -> None:
         with self.lock:
+            if entry["finished"] is None:
+                self.running[entry["host"]] -= 1
             entry.update(outcome=outcome, finished=time.time(), **fields)
+
+    def running_on(self, host: str) -> int:
+        with self.lock:
+            return self.running.get(host, 0)
 
     def log(self, key: str) -> list[dict]:
         with self.lock:
@@ -263,6 +275,19 @@ class Handler(BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         if url.path.rstrip("/") == "/healthz":
             self._json(200, {"status": "ok"})
+        elif url.path == "/metrics":  # as vLLM's gauges, per device (Host header) it plays
+            running = STATE.running_on(self.headers.get("Host"))
+            payload = (
+                "# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="stand-in"}} {running}.0\n'
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                'vllm:num_requests_waiting{model_name="stand-in"} 0.0\n'
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
         elif url.path == "/_control/log":
             key = urllib.parse.parse_qs(url.query).get("api_key", [None])[0]
             if not key:
