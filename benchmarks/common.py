@@ -191,19 +191,29 @@ class Process:
 
 
 def system_start(
-    folder: Path, *, workers: dict[str, list[str]], env: dict | None = None, web_env: dict | None = None
+    folder: Path,
+    *,
+    workers: dict[str, list[str]],
+    env: dict | None = None,
+    web_env: dict | None = None,
+    web_processes: int = 1,
 ) -> tuple[str, list[Process]]:
     """The web process (uvicorn, ASGI, on a free loopback port) and Celery workers (name -> their
     ``-Q``/pool arguments), as ``manage.py up`` runs them, on this process's database and Redis;
     returns the base URL and the processes once ``/healthz`` answers and every worker answers a
-    ping. The caller stops them (``Process.stop``)."""
+    ping. The caller stops them (``Process.stop``). ``web_processes`` > 1: that many uvicorn
+    workers of one gunicorn on the port, as deployments run the web tier (deploy/kubernetes/web.yaml)."""
     from ragsite.celery import app
 
     python, port = sys.executable, free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1", RAGSITE_ENV="development", **(env or {}))
     run_id = uuid.uuid4().hex[:8]
-    web = [python, "-m", "uvicorn", "ragsite.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-           "--lifespan", "off", "--timeout-graceful-shutdown", "10", "--no-access-log"]  # fmt: skip
+    if web_processes > 1:
+        web = [python, "-m", "gunicorn", "ragsite.asgi:application", "-k", "uvicorn_worker.UvicornWorker",
+               "--bind", f"127.0.0.1:{port}", "--workers", str(web_processes), "--graceful-timeout", "10"]  # fmt: skip
+    else:
+        web = [python, "-m", "uvicorn", "ragsite.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+               "--lifespan", "off", "--timeout-graceful-shutdown", "10", "--no-access-log"]  # fmt: skip
     worker = [python, "-m", "celery", "-A", "ragsite", "worker", "--loglevel", "WARNING",
               "--without-gossip", "--without-mingle"]  # fmt: skip
     processes = [Process("web", web, dict(env, **(web_env or {})), folder)]

@@ -23,8 +23,10 @@ os.environ["RAGSITE_VAR_DIR"] = str(_ROOT / "var")
 os.environ["DATABASE_URL"] = _POSTGRES.ensure_running()
 os.environ["REDIS_URL"] = _REDIS.ensure_running()
 os.environ.setdefault("READYZ_WORKER_TIMEOUT", "1.0")
-# Prometheus multiprocess mode (ragsite/metrics.py): this run's processes share one folder.
-os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(_ROOT / "prometheus"))
+# Prometheus multiprocess mode (ragsite/metrics.py): the processes of this test process share one
+# folder. Its own, not inherited: pytest-xdist's workers are started with the environment of the
+# process that ran pytest, and one's `manage.py up` would empty the folder another's counters are in.
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_ROOT / "prometheus")
 # Plain HTTP on loopback, as `dev.py` runs it; tests of the production settings set it themselves.
 os.environ.setdefault("RAGSITE_ENV", "development")
 

@@ -554,10 +554,18 @@ def upstream_script(base_url: str, api_key: str, steps: list) -> None:
     _post(f"{_control_base(base_url)}/_control/script", {"api_key": api_key, "steps": steps})
 
 
-def upstream_log(base_url: str, api_key: str) -> list[dict]:
+def upstream_log(base_url: str, api_key: str, *, settle_s: float = 5.0) -> list[dict]:
+    """``api_key``'s requests as the server logged them. A request whose response the client
+    has read to its end may not be logged as finished yet (the server's thread records it after
+    its last write): unfinished entries are read again for up to ``settle_s``."""
     query = urllib.parse.urlencode({"api_key": api_key})
-    with urllib.request.urlopen(f"{_control_base(base_url)}/_control/log?{query}", timeout=10) as response:
-        return json.loads(response.read())["requests"]
+    deadline = time.monotonic() + settle_s
+    while True:
+        with urllib.request.urlopen(f"{_control_base(base_url)}/_control/log?{query}", timeout=10) as response:
+            requests = json.loads(response.read())["requests"]
+        if all(entry["finished"] is not None for entry in requests) or time.monotonic() > deadline:
+            return requests
+        time.sleep(0.02)
 
 
 def upstream_reset(base_url: str, api_key: str | None = None) -> None:

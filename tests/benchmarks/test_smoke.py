@@ -55,6 +55,10 @@ BENCHMARKS = {
         "--target-layers 2 --draft-layers 1 --width 64 --tokens 8 --prompts 1 --rounds 1".split(),
         ["methods"],
     ),
+    "scale_out": (
+        "--seconds 6 --clients 2 --docs 4 --drain-seconds 90".split(),
+        ["requests", "ok", "failed", "lost", "duplicate_ledger_rows", "latency_ms", "kills"],
+    ),
     # The in-house engine behind the OpenAI protocol through the real gpu queue; vLLM's own
     # servers are exercised by tests/inference/test_vllm_pool.py.
     "gpu_pool": (["--quick", "--configs", "inhouse", "--levels", "1"], ["configurations", "levels"]),
@@ -81,5 +85,9 @@ def test_the_benchmark_runs_at_a_tiny_size(name, tmp_path):
     assert missing == [], f"{name}'s final line lacks {missing}: {sorted(final)}"
     for field in fields:
         assert final[field] not in (None, "", [], {}), f"{name}: {field} is empty"
+    if name == "scale_out":  # not a figure: what the system accepted, it finished, once, whatever was killed
+        assert (final["lost"], final["duplicate_ledger_rows"], final["chunks_duplicated"]) == (0, 0, 0), final
+        assert final["unacknowledged"]["unfinished"] == [], final
+        assert len(final["kills"]) == 3 and final["processes_dead_at_the_end"] == [], final
     if name != "gpu_pool":  # --quick prints its line without writing a result file
         assert json.loads((tmp_path / f"{name}.json").read_text()) == final

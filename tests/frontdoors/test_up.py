@@ -47,7 +47,9 @@ def _free_port() -> int:
 
 
 def _env(var_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL"}}
+    # Its own database, Redis and metrics folder (var_dir/prometheus, emptied as it starts), as a
+    # newcomer's run has: not the test session's.
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "PROMETHEUS_MULTIPROC_DIR"}}
     # No pool unless a test asks for one: the demo model's test starts it (vLLM takes minutes).
     env.update(RAGSITE_VAR_DIR=str(var_dir), PYTHONUNBUFFERED="1", GPU_POOL_MODEL="off")
     env.update(extra)
