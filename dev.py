@@ -167,7 +167,7 @@ def _test_processes(rest: list[str]) -> list[str]:
     """pytest-xdist's options for a run: one test process per usable core (at most four),
     unless the command line chooses (``-n 0`` runs in one). Tests that share a vLLM server go to
     one process together (their ``xdist_group``, tests/conftest.py): a second would start its own."""
-    if any(arg == "-n" or arg.startswith(("-n", "--numprocesses", "--dist")) for arg in rest):
+    if "no:xdist" in rest or any(arg.startswith(("-n", "--numprocesses", "--dist")) for arg in rest):
         return []
     processes = min(4, len(os.sched_getaffinity(0)))
     return ["-n", str(processes), "--dist", "loadgroup"] if processes > 1 else []

@@ -241,3 +241,51 @@ def system_start(
         for process in processes:
             process.stop()
         raise
+
+
+# --------------------------------------------------------------------------- CPU of each part
+
+
+def tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) a process and its descendants have used: the live ones, and
+    those that ended and were waited for (``children_*``, as PostgreSQL's backends and Celery's
+    pool processes are); None once the process is gone."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for process in family:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # ended between the listing and now
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+def service_pids() -> dict[str, int]:
+    """The processes of this machine's PostgreSQL (its postmaster) and Redis serving the
+    benchmark, where they run here: ``{"postgresql": pid, "redis": pid}``, without either that
+    cannot be read (a server elsewhere, a role that may not read the data directory)."""
+    import redis
+    from django.db import DatabaseError, connection
+
+    from ragsite.redis import Role, redis_client
+
+    pids: dict[str, int] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW data_directory")
+            data = Path(cursor.fetchone()[0])
+        pids["postgresql"] = int((data / "postmaster.pid").read_text().split()[0])
+    except (DatabaseError, OSError, ValueError, IndexError) as error:
+        print(f"PostgreSQL's CPU not measured: {error}", file=sys.stderr)
+    try:
+        pids["redis"] = int(redis_client(Role.BROKER).info("server")["process_id"])
+    except (redis.RedisError, KeyError, ValueError) as error:
+        print(f"Redis's CPU not measured: {error}", file=sys.stderr)
+    return {name: pid for name, pid in pids.items() if tree_cpu_s(pid) is not None}

@@ -43,7 +43,12 @@ now" (``ragsite/overload.py``: ``WEB_MAX_IN_FLIGHT`` requests in progress per we
 ``ok_rps``, ``p50_ms`` and ``p99_ms`` of ok responses, ``error_rate``, ``shed`` with
 ``status_429``/``status_503`` and the shed responses' own ``shed_p50_ms``/``shed_p99_ms``
 (how quickly the service says no), and for answers ``max_queue_depth`` (the ``remote``
-list's length, sampled every 0.2 s). ``max_zero_error_concurrency``: the highest level
+list's length, sampled every 0.2 s), and each part's CPU: ``cores`` (CPU seconds per second)
+and ``cpu_ms_per_ok`` (CPU milliseconds per ok response) of the web process, each worker (with
+its pool's processes), PostgreSQL and Redis (where they run on this machine) and the load
+generator itself (locust: on one machine it takes its share of the cores); ``cpu_ms_per_ok_at_peak``
+is the peak level's, per scenario (docs/scaling.md's capacity model reads it).
+``max_zero_error_concurrency``: the highest level
 with neither errors nor shed responses (shedding is the service protecting itself, not
 serving: a level that sheds is beyond capacity). ``max_concurrency_without_errors``: the
 highest level with no errors, shed responses allowed (shedding works instead of timing out).
@@ -68,7 +73,17 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from benchmarks.common import CRANFIELD, ROOT, Process, own_databases, percentile, report, system_start
+from benchmarks.common import (
+    CRANFIELD,
+    ROOT,
+    Process,
+    own_databases,
+    percentile,
+    report,
+    service_pids,
+    system_start,
+    tree_cpu_s,
+)
 
 DATABASE = "ragsite_bench_load"
 REDIS_DB = 13
@@ -223,13 +238,16 @@ def warm_up(base_url: str, tokens: list[str], queries: list[str], max_tokens: in
 # --------------------------------------------------------------------------- the runs
 
 
-def sample_queue(stop: threading.Event, samples: list[tuple[float, int]]) -> None:
+def sample_queue(stop: threading.Event, samples: list[tuple[float, int, dict]], parts: dict[str, int]) -> None:
+    """Every 0.2 s: the time, the queue's depth and the CPU seconds each part has used so far."""
     from ragsite.celery import queue_depth
     from ragsite.redis import Role, redis_client
 
     client = redis_client(Role.BROKER)
     while not stop.wait(0.2):
-        samples.append((time.time(), queue_depth(QUEUE, client)))
+        samples.append(
+            (time.time(), queue_depth(QUEUE, client), {name: tree_cpu_s(pid) for name, pid in parts.items()})
+        )
 
 
 def drain(seconds: float = 120) -> None:
@@ -245,7 +263,7 @@ def drain(seconds: float = 120) -> None:
     print(f"warning: the system had not drained after {seconds:g} s", file=sys.stderr, flush=True)
 
 
-def run_scenario(args, scenario: str, base_url: str, tokens, queries, folder: Path) -> list[dict]:
+def run_scenario(args, scenario: str, base_url: str, tokens, queries, folder: Path, parts: dict) -> list[dict]:
     out = folder / f"{scenario}.json"
     config = {
         "scenario": scenario,
@@ -262,21 +280,25 @@ def run_scenario(args, scenario: str, base_url: str, tokens, queries, folder: Pa
     env = dict(os.environ, LOAD_CONFIG=json.dumps(config), PYTHONUNBUFFERED="1")
     command = [sys.executable, "-m", "locust", "-f", str(ROOT / "benchmarks" / "locustfile.py"), "--headless",
                "--host", base_url, "--only-summary", "--loglevel", "WARNING", "--exit-code-on-error", "0"]  # fmt: skip
-    samples: list[tuple[float, int]] = []
+    samples: list[tuple[float, int, dict]] = []
     stop = threading.Event()
-    sampler = threading.Thread(target=sample_queue, args=(stop, samples), daemon=True)
-    sampler.start()
     started = time.time()
     limit = len(args.levels) * args.level_seconds + args.timeout + 60
+    locust = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The load generator's CPU too: on one machine it takes its share of the cores it measures.
+    sampler = threading.Thread(
+        target=sample_queue, args=(stop, samples, {**parts, "load_generator": locust.pid}), daemon=True
+    )
+    sampler.start()
     try:
-        completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
+        stdout, stderr = locust.communicate(timeout=limit)
     finally:
+        if locust.poll() is None:
+            locust.kill()
         stop.set()
         sampler.join()
-    if completed.returncode != 0 or not out.exists():
-        raise SystemExit(
-            f"locust failed ({completed.returncode}):\n{completed.stdout[-3000:]}{completed.stderr[-3000:]}"
-        )
+    if locust.returncode != 0 or not out.exists():
+        raise SystemExit(f"locust failed ({locust.returncode}):\n{stdout[-3000:]}{stderr[-3000:]}")
     records = json.loads(out.read_text())
     # The shape's clock starts with the test, a moment after the process: take the first request's start.
     origin = min((record[0] for record in records), default=started)
@@ -313,7 +335,7 @@ def summarise(args, records: list[list], origin: float, samples: list[tuple[floa
         statuses: dict[str, int] = {}
         for record in counted:
             statuses[str(record[2])] = statuses.get(str(record[2]), 0) + 1
-        depths = [depth for moment, depth in samples if begin <= moment < begin + args.level_seconds]
+        depths = [depth for moment, depth, _ in samples if begin <= moment < begin + args.level_seconds]
         levels.append({
             "users": users,
             "requests": len(counted),
@@ -329,8 +351,25 @@ def summarise(args, records: list[list], origin: float, samples: list[tuple[floa
             "shed_p99_ms": percentile([r[1] for r in shed], 99, 1),
             "statuses": statuses,
             "max_queue_depth": max(depths, default=0),
+            **cpu_of_parts(samples, begin + args.settle_seconds, begin + args.level_seconds, len(ok)),
         })  # fmt: skip
     return levels
+
+
+def cpu_of_parts(samples: list[tuple[float, int, dict]], start: float, end: float, ok: int) -> dict:
+    """Each part's CPU over [start, end) from the samples nearest inside it: ``cores`` (CPU
+    seconds per second) and ``cpu_ms_per_ok`` (CPU milliseconds per ok response)."""
+    inside = [(moment, cpu) for moment, _, cpu in samples if start <= moment < end]
+    if len(inside) < 2:
+        return {"cores": {}, "cpu_ms_per_ok": {}}
+    (first_at, first), (last_at, last) = inside[0], inside[-1]
+    used = {name: last[name] - first[name] for name in first if first[name] is not None and last.get(name) is not None}
+    seconds = last_at - first_at
+    share = seconds / (end - start)  # the ok responses of the sampled span, in proportion
+    return {
+        "cores": {name: round(value / seconds, 3) for name, value in used.items()},
+        "cpu_ms_per_ok": {name: round(value * 1000 / (ok * share), 2) for name, value in used.items()} if ok else {},
+    }
 
 
 def run(args, upstream: str, folder: Path) -> dict:
@@ -341,12 +380,15 @@ def run(args, upstream: str, folder: Path) -> dict:
     tokens, queries = corpus_setup(args, upstream)
     connections.close_all()
     base_url, processes = start_system(args, folder)
+    # Whose CPU each level's figures split: each process of ours (with its pool's processes) and,
+    # where they run on this machine, PostgreSQL's and Redis's.
+    parts = {process.name: process.process.pid for process in processes} | service_pids()
     scenarios = {}
     try:
         warm_up(base_url, tokens, queries, args.max_tokens)
         setup_s = round(time.perf_counter() - setup_started, 1)
         for scenario in args.scenarios:
-            levels = run_scenario(args, scenario, base_url, tokens, queries, folder)
+            levels = run_scenario(args, scenario, base_url, tokens, queries, folder, parts)
             drain()
             clean = [level["users"] for level in levels if level["errors"] == 0 and level["shed"] == 0]
             no_errors = [level["users"] for level in levels if level["errors"] == 0]
@@ -355,6 +397,8 @@ def run(args, upstream: str, folder: Path) -> dict:
                 "max_zero_error_concurrency": max(clean, default=0),
                 "max_concurrency_without_errors": max(no_errors, default=0),
                 "peak_ok_rps": max(level["ok_rps"] for level in levels),
+                # What one ok response cost each part at the peak: the capacity model's inputs.
+                "cpu_ms_per_ok_at_peak": max(levels, key=lambda level: level["ok_rps"])["cpu_ms_per_ok"],
             }
         for process in processes:
             if not process.alive():
@@ -366,6 +410,7 @@ def run(args, upstream: str, folder: Path) -> dict:
         "max_zero_error_concurrency": {name: s["max_zero_error_concurrency"] for name, s in scenarios.items()},
         "max_concurrency_without_errors": {name: s["max_concurrency_without_errors"] for name, s in scenarios.items()},
         "peak_ok_rps": {name: s["peak_ok_rps"] for name, s in scenarios.items()},
+        "cpu_ms_per_ok_at_peak": {name: s["cpu_ms_per_ok_at_peak"] for name, s in scenarios.items()},
         "scenarios": scenarios,
         "level_seconds": args.level_seconds,
         "settle_seconds": args.settle_seconds,

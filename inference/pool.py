@@ -222,8 +222,8 @@ def device_pick(urls: list[str], *, avoid: frozenset[str] = frozenset(), affinit
     ``affinity`` (``prefix_affinity``), the first device of its ranking whose load, with this
     request, stays within ``GPU_POOL_AFFINITY_BALANCE`` times the mean load of the up devices
     with it (consistent hashing with bounded loads); without one, or that setting 0, the
-    least loaded, the first listed among equals. With none up, the first
-    device: the attempt then fails with the connection's own reason, and the router retries.
+    least loaded, the first listed among equals. With none up, the first device: the attempt
+    then fails with the connection's own reason, and the router retries.
 
     ``avoid``: devices this request's earlier attempts failed on; another one is chosen while
     one is left (a retry of a prompt that a device could not start in time goes elsewhere),

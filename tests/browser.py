@@ -70,9 +70,14 @@ def chromium(accept_language: str = "") -> Iterator:
 
 
 def wait_until(driver, condition, timeout: float = 15, message: str = ""):
+    """``condition`` polled until it holds. One that reads an element the page is replacing
+    (a reload, a navigation under way) is asked again rather than failing: that element was
+    stale, not the condition false."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition, message)
+    wait = WebDriverWait(driver, timeout, poll_frequency=0.1, ignored_exceptions=[StaleElementReferenceException])
+    return wait.until(condition, message)
 
 
 def console_errors(driver) -> list[str]:
