@@ -139,6 +139,7 @@ def run(args, upstream: str, s3, folder: Path) -> dict:
         kills = Kills(processes, folder, env, args.seconds)
         restarted = kills.restarted
         before = rows_now()
+        transactions_before = bouncer.transactions(direct["NAME"])
         started = time.monotonic()
         kills.start(started)
         load.run(started)
@@ -147,6 +148,9 @@ def run(args, upstream: str, s3, folder: Path) -> dict:
         created = {kind: sorted(ids - before[kind]) for kind, ids in rows_now().items()}
         drained_s = drain(created, args.drain_seconds)
         outcome = outcomes(load, accepted, created)
+        # What the pooler carried for the run's work (the load, its ingestion, answers and ledger
+        # rows, the drain's reads), per client request: the capacity model's PgBouncer input.
+        transactions = bouncer.transactions(direct["NAME"]) - transactions_before
         dead = [process.name for process in kills.current(processes) if not process.alive()]
     finally:
         for process in processes + restarted:
@@ -157,6 +161,7 @@ def run(args, upstream: str, s3, folder: Path) -> dict:
         "kills": kills.done,
         "processes_dead_at_the_end": dead,
         "drained_s": drained_s,
+        "pgbouncer_transactions_per_request": round(transactions / max(1, outcome["requests"]), 1),
         "seconds": args.seconds,
         "clients": args.clients,
         "docs": args.docs,
