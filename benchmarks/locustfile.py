@@ -12,7 +12,8 @@ in a process of its own (gevent's monkey-patching stays there), with its setting
 Users are closed-loop with no think time: each sends its next request as soon as the last
 one is answered, except after a refusal with ``Retry-After``, which it waits out first as the
 OpenAI SDKs do (``honor_retry_after``; false: at once, as a careless client would). ``StepLevels`` holds each level for
-``level_s`` seconds, then adds users up to the next one, then stops the run. Every request is
+``level_s`` seconds, then adds users up to the next one; after the last, users send nothing more
+and the run stops once their requests in flight are answered (at most ``timeout_s``). Every request is
 recorded as ``[start (Unix s), milliseconds, HTTP status (0: no response), Retry-After]``;
 ``load.py`` assigns it to the level it started in.
 """
@@ -45,12 +46,22 @@ def write(**_):
         json.dump(RECORDS, handle)
 
 
+# When the levels end: users send nothing more, and the run waits for the requests in flight
+# (at most ``timeout_s``). Stopped at once, locust drops them unrecorded: at 128 users with
+# answers taking 5 s, most of the last level's requests were lost from its count.
+LEVELS_END_S = len(CONFIG["levels"]) * CONFIG["level_s"]
+_in_flight = 0
+
+
 class StepLevels(LoadTestShape):
     def tick(self):
-        step = int(self.get_run_time() // CONFIG["level_s"])
-        if step >= len(CONFIG["levels"]):
-            return None
-        users = CONFIG["levels"][step]
+        run_time = self.get_run_time()
+        if run_time >= LEVELS_END_S:
+            if _in_flight == 0 or run_time >= LEVELS_END_S + CONFIG["timeout_s"] + 1:
+                return None
+            users = CONFIG["levels"][-1]  # kept, idle, until their last requests are answered
+            return users, max(users, 100)
+        users = CONFIG["levels"][int(run_time // CONFIG["level_s"])]
         return users, max(users, 100)
 
 
@@ -59,10 +70,18 @@ class Client(FastHttpUser):
     connection_timeout = CONFIG["timeout_s"]
 
     def _post(self, path: str, body: dict, name: str):
+        global _in_flight
+        if self.environment.shape_class.get_run_time() >= LEVELS_END_S:
+            time.sleep(0.2)  # the levels are over: nothing new
+            return
         headers = {"Authorization": f"Bearer {next(_tokens)}", "Content-Type": "application/json"}
-        with self.client.post(path, json=body, headers=headers, name=name, catch_response=True) as response:
-            response.success()  # every outcome is recorded; load.py classifies them
-            retry_after = response.headers.get("Retry-After") if response.status_code in (429, 503) else None
+        _in_flight += 1
+        try:
+            with self.client.post(path, json=body, headers=headers, name=name, catch_response=True) as response:
+                response.success()  # every outcome is recorded; load.py classifies them
+                retry_after = response.headers.get("Retry-After") if response.status_code in (429, 503) else None
+        finally:
+            _in_flight -= 1
         if retry_after and CONFIG["honor_retry_after"]:
             time.sleep(float(retry_after))  # as the SDKs do; gevent's sleep under locust
 
