@@ -15,6 +15,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -241,6 +242,40 @@ def system_start(
         for process in processes:
             process.stop()
         raise
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def multipart_form(fields: dict[str, str], files: dict[str, bytes]) -> tuple[bytes, str]:
+    """A ``multipart/form-data`` body of ``fields`` and ``files`` (each under the name ``files``,
+    as the upload API takes them), and its Content-Type."""
+    boundary = uuid.uuid4().hex
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in fields.items()
+    ]
+    for filename, content in files.items():
+        head = f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{filename}"\r\n\r\n'
+        parts.append(head.encode() + content + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+def sse_events(lines) -> Iterator[dict[str, str]]:
+    """The events of a ``text/event-stream`` body read line by line (a response iterates so):
+    each event's fields (``event``, ``id``, ``data``); comments and field-less blocks skipped."""
+    fields: dict[str, str] = {}
+    for raw in lines:
+        line = raw.decode().rstrip("\n")
+        if line:
+            if not line.startswith(":"):
+                name, _, value = line.partition(": ")
+                fields[name] = value
+            continue
+        if "event" in fields:
+            yield fields
+        fields = {}
 
 
 # --------------------------------------------------------------------------- CPU of each part

@@ -19,7 +19,9 @@ at 45 % one ``ingest,default`` worker and at 60 % one ``remote`` worker, each ki
 (its process group, SIGKILL) and started again 2 s later, as an orchestrator would. What a
 killed worker had taken is delivered again once Redis's visibility timeout passes: 20 s
 here (``CELERY_VISIBILITY_TIMEOUT``, with the task time limits under it), not the hour of
-the defaults, so that the run can wait for it.
+the defaults, so that the run can wait for it; and ledger rows a killed worker had read from
+the outbox and not stored are taken over after 5 s (``LEDGER_CLAIM_IDLE_S``, 60 s by default)
+by the run's own drain, which plays beat's ``ledger_drain`` (no beat runs here).
 
 Outcomes. ``requests``: what the clients sent; ``ok``: searches answered 200, answers whose
 stream ended with the answer, uploads answered 201; ``failed``: the rest, each with its
@@ -53,7 +55,16 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from benchmarks.common import CRANFIELD, Process, own_databases, percentile, report, system_start
+from benchmarks.common import (
+    CRANFIELD,
+    Process,
+    multipart_form,
+    own_databases,
+    percentile,
+    report,
+    sse_events,
+    system_start,
+)
 
 DATABASE = "ragsite_bench_scale_out"
 REDIS_DB = 8
@@ -64,6 +75,8 @@ QUICK_REDELIVERY = {
     "CELERY_TASK_SOFT_TIME_LIMIT": "15",
     "CELERY_TASK_TIME_LIMIT": "18",
     "CELERY_VISIBILITY_TIMEOUT": "20",
+    # Ledger rows a killed drainer had read and not stored are taken over after this (60 s by default).
+    "LEDGER_CLAIM_IDLE_S": "5",
 }
 RESTARTED = "-again"  # the name of a killed worker's restart: its own, then this
 WORKERS = {
@@ -198,22 +211,13 @@ def stream_end(url: str, token: str, attempts: int = 5) -> tuple[str, str]:
         headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
         if last_id:
             headers["Last-Event-ID"] = last_id
-        fields: dict[str, str] = {}
         try:
             request = urllib.request.Request(url, headers=headers)  # noqa: S310 (loopback)
             with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
-                for raw in response:
-                    line = raw.decode().rstrip("\n")
-                    if line:
-                        if not line.startswith(":"):
-                            name, _, value = line.partition(": ")
-                            fields[name] = value
-                        continue
-                    if "event" in fields:
-                        last_id = fields.get("id") or last_id
-                        if fields["event"] in ("answer", "error"):
-                            return fields["event"], fields.get("data", "")[:300]
-                    fields = {}
+                for fields in sse_events(response):
+                    last_id = fields.get("id") or last_id
+                    if fields["event"] in ("answer", "error"):
+                        return fields["event"], fields.get("data", "")[:300]
             reason = "the stream ended without its last event"
         except (OSError, ValueError) as error:
             reason = f"{type(error).__name__}: {error}"
@@ -271,7 +275,7 @@ class Load:
     def upload(self, token: str, number: int, sent: int, choose: random.Random) -> dict:
         name = f"note-{number}-{sent}-{uuid.uuid4().hex[:6]}.md"
         text = f"# Note {number}.{sent}\n\n" + " ".join(choose.choice(self.queries) for _ in range(12))
-        body, content_type = _multipart({"collection": str(self.collection_id)}, {name: text.encode()})
+        body, content_type = multipart_form({"collection": str(self.collection_id)}, {name: text.encode()})
         status, uploaded = call("POST", f"{self.base_url}/api/v1/documents", token, body, content_type)
         if status != 201:
             return {"ok": False, "reason": _reason(status, uploaded), "upload_name": name}
@@ -291,19 +295,6 @@ def _reason(status: int, body) -> str:
     error = body.get("error") if isinstance(body, dict) else None
     detail = error.get("code") or error.get("message") if isinstance(error, dict) else str(body)[:200]
     return f"HTTP {status}: {detail}"
-
-
-def _multipart(fields: dict[str, str], files: dict[str, bytes]) -> tuple[bytes, str]:
-    boundary = uuid.uuid4().hex
-    parts = [
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
-        for name, value in fields.items()
-    ]
-    for filename, content in files.items():
-        head = f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{filename}"\r\n\r\n'
-        parts.append(head.encode() + content + b"\r\n")
-    parts.append(f"--{boundary}--\r\n".encode())
-    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
 
 
 # --------------------------------------------------------------------------- the kills
@@ -381,7 +372,8 @@ def drain(created: dict[str, list], seconds: float) -> float:
 
     began = time.monotonic()
     while time.monotonic() - began < seconds:
-        ledger.usage_records_store()
+        # As beat's ledger_drain does (no beat runs here): rows a killed drainer left are claimed.
+        ledger.usage_records_store(claim_idle_ms=int(float(QUICK_REDELIVERY["LEDGER_CLAIM_IDLE_S"]) * 1000))
         documents = Document.objects.filter(pk__in=created["documents"]).exclude(status__in=("indexed", "failed"))
         answers = Answer.objects.filter(pk__in=created["answers"])
         open_answers = answers.exclude(status__in=("done", "failed")).count()

@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 
+from benchmarks.common import multipart_form, sse_events
 from billing import client_keys
 from inference.models import Provider, Route, UpstreamKey
 from search.services import collection_create, workspace_create
@@ -49,38 +50,17 @@ def call(method: str, url: str, token: str, body=None, content_type: str = "appl
         return error.code, error.headers, json.loads(error.read())
 
 
-def multipart(fields: dict[str, str], files: dict[str, bytes]) -> tuple[bytes, str]:
-    boundary = uuid.uuid4().hex
-    parts = [
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
-        for name, value in fields.items()
-    ]
-    for filename, content in files.items():
-        head = f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="{filename}"\r\n\r\n'
-        parts.append(head.encode() + content + b"\r\n")
-    parts.append(f"--{boundary}--\r\n".encode())
-    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
-
-
 def read_events(url: str, token: str, last_event_id: str | None = None) -> list[tuple[float, str, str, dict]]:
     """``(arrival time, type, id, data)`` of each event, read line by line as the server sends them."""
     headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
     if last_event_id:
         headers["Last-Event-ID"] = last_event_id
-    events, fields = [], {}
+    events = []
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=90) as response:
         assert response.status == 200 and response.headers["Content-Type"] == "text/event-stream"
         assert response.headers["Cache-Control"] == "no-cache"
-        for raw in response:
-            line = raw.decode().rstrip("\n")
-            if line:
-                if not line.startswith(":"):
-                    name, _, value = line.partition(": ")
-                    fields[name] = value
-                continue
-            if "event" in fields:
-                events.append((time.monotonic(), fields["event"], fields["id"], json.loads(fields["data"])))
-            fields = {}
+        for fields in sse_events(response):
+            events.append((time.monotonic(), fields["event"], fields["id"], json.loads(fields["data"])))
     return events
 
 
@@ -103,7 +83,7 @@ def stand_in_route(upstream_server: str, name: str, *, token_delay_ms: int) -> s
 def upload_and_wait_indexed(base: str, token: str, collection_id: int) -> list[dict]:
     """DOCUMENTS uploaded in one multipart request, then followed until a worker has indexed
     each (every chunk embedded); returns the upload's documents as the API answered them."""
-    body, content_type = multipart(
+    body, content_type = multipart_form(
         {"collection": str(collection_id)}, {name: text.encode() for name, text in DOCUMENTS.items()}
     )
     status, _, uploaded = call("POST", f"{base}/api/v1/documents", token, body, content_type)
