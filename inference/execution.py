@@ -417,7 +417,8 @@ class Routing:
         device that cannot be reached is passed over by this process until its next load
         reading, and by this request's retries."""
         devices = route.provider.devices
-        affinity = pool.prefix_affinity(self.payload["messages"])
+        # One device has nothing to choose between: no key made on the way to the first token.
+        affinity = pool.prefix_affinity(self.payload["messages"]) if len(devices) > 1 else ""
         with pool.device_use(devices, avoid=frozenset(self.failed_on), affinity=affinity) as device:
             failure = self.attempt(route, base_url=device, api_key=settings.GPU_POOL_API_KEY or "EMPTY", key_id=None)
         if failure is None:

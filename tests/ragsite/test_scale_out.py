@@ -101,7 +101,7 @@ def test_upload_search_answers_and_the_admin_with_every_service_apart(
     collection = collection_create(workspace=workspace, name="Handbook")
     key, token = client_keys.client_key_create(workspace, "apart", scopes=["admin"], requests_per_minute=100)
     get_user_model().objects.create_superuser("ops", "ops@example.com", PASSWORD)
-    api_key = stand_in_route(upstream_server, "apart", token_delay_ms=10)
+    api_key = stand_in_route(upstream_server, "apart", steps=[{"token_delay_ms": 10}])
     reply = "The robot runs for 10 hours on one charge [1]."
     before, replica_before = bouncer.transactions(database), bouncer.transactions(REPLICA)
 

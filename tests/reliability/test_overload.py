@@ -20,18 +20,17 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from billing import client_keys
 from inference import backpressure
-from inference.models import Provider, Route, UpstreamKey
 from ragsite.celery import queue_lists
 from ragsite.redis import Role, redis_client
 from search.models import Answer
 from search.services import workspace_create
+from tests.frontdoors.api.test_live import stand_in_route
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -65,16 +64,9 @@ def site(upstream_server):
     default route on the stand-in upstream, and a key that may search and generate, with no
     limits of its own. Returns the key's token."""
     workspace = workspace_create(name="Acme", slug="acme")
-    provider = Provider.objects.create(
-        name="stand-in", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url=upstream_server, model="stand-in-7b",
-        context_window=4096, first_token_timeout_s=20, total_timeout_s=60,
-    )  # fmt: skip
-    upstream_key = UpstreamKey(provider=provider, label="main")
-    upstream_key.set_secret(f"sk-overload-{uuid.uuid4().hex}")
-    upstream_key.save()
     # Without documents nothing answers a question: this route generates all the same, so that
     # its answers are queued (the subject here), instead of declining at once.
-    Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=32, abstains=False)
+    stand_in_route(upstream_server, "overload", steps=[], max_tokens=32, abstains=False)
     redis_client(Role.BROKER).delete(*queue_lists(QUEUE), backpressure.reservations_key(QUEUE))
     _, token = client_keys.client_key_create(workspace, "load", scopes=["search", "generate"])
     return token
@@ -193,18 +185,10 @@ def test_chat_completion_streams_held_open_count_neither_against_the_limit_nor_t
     holding their connections, at most three (two) would."""
     import openai
 
-    from tests.upstream_server import upstream_log, upstream_script
+    from tests.upstream_server import upstream_log
 
-    provider = Provider.objects.create(
-        name="paced", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url=upstream_server, model="stand-in-7b",
-        context_window=4096, first_token_timeout_s=20, total_timeout_s=60,
-    )  # fmt: skip
-    secret = f"sk-paced-{uuid.uuid4().hex}"
-    upstream_key = UpstreamKey(provider=provider, label="paced")
-    upstream_key.set_secret(secret)
-    upstream_key.save()
-    Route.objects.create(name="paced", provider=provider, max_tokens=32, abstains=False)
-    upstream_script(upstream_server, secret, [{"first_byte_delay_ms": 3000, "repeat": True}])
+    steps = [{"first_byte_delay_ms": 3000, "repeat": True}]
+    secret = stand_in_route(upstream_server, "paced", steps=steps, route="paced", max_tokens=32, abstains=False)
     env = {"WEB_MAX_IN_FLIGHT": "3", "WEB_OVERLOAD_RETRY_AFTER_S": "1", "DATABASE_POOL_MAX_SIZE": "2"}
     reply = "one two three four"
 

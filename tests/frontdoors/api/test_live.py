@@ -64,19 +64,22 @@ def read_events(url: str, token: str, last_event_id: str | None = None) -> list[
     return events
 
 
-def stand_in_route(upstream_server: str, name: str, *, token_delay_ms: int) -> str:
-    """The default route to the OpenAI-protocol stand-in, with a key of its own (returned), the
-    stand-in told to pace its tokens."""
+def stand_in_route(
+    upstream_server: str, name: str, *, steps: list[dict], route: str = "default", max_tokens: int = 64, **fields
+) -> str:
+    """A route to the OpenAI-protocol stand-in (the default one when named ``default``), with a
+    key of its own (returned), the stand-in scripted with ``steps`` for it; ``fields``: more of
+    the route's (``abstains``...)."""
     provider = Provider.objects.create(
-        name="stand-in", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url=upstream_server, model="stand-in-7b",
-        context_window=4096, first_token_timeout_s=20, total_timeout_s=60,
+        name=f"stand-in-{name}", kind=Provider.Kind.OPENAI_COMPATIBLE, base_url=upstream_server,
+        model="stand-in-7b", context_window=4096, first_token_timeout_s=20, total_timeout_s=60,
     )  # fmt: skip
     api_key = f"sk-{name}-{uuid.uuid4().hex}"
     upstream_key = UpstreamKey(provider=provider, label="main")
     upstream_key.set_secret(api_key)
     upstream_key.save()
-    Route.objects.create(name="default", provider=provider, is_default=True, max_tokens=64)
-    upstream_script(upstream_server, api_key, [{"token_delay_ms": token_delay_ms}])
+    Route.objects.create(name=route, provider=provider, is_default=route == "default", max_tokens=max_tokens, **fields)
+    upstream_script(upstream_server, api_key, steps)
     return api_key
 
 
@@ -127,7 +130,7 @@ def test_upload_ingest_and_a_generated_answer_streamed_delta_by_delta(live, medi
     workspace = workspace_create(name="Acme", slug="acme")
     collection = collection_create(workspace=workspace, name="Handbook")
     _, token = client_keys.client_key_create(workspace, "live", scopes=["admin"])
-    api_key = stand_in_route(upstream_server, "live", token_delay_ms=150)
+    api_key = stand_in_route(upstream_server, "live", steps=[{"token_delay_ms": 150}])
     reply = "The robot runs for 10 hours on one charge [1]."
 
     media = {"MEDIA_ROOT": str(media_root)}
