@@ -212,17 +212,25 @@ def test_a_request_the_engine_refuses_fails_with_the_engines_reason_once(ngram_p
 
 
 def test_a_killed_server_fails_its_answer_once_is_named_by_readyz_and_comes_back(ngram_pool, workers, corpus):
-    route = pool_route(ngram_pool, max_tokens=1900)
-    restarts = ngram_pool.server.restarts
-    # A long generation, so that the server dies in the middle of it.
-    answer = answer_create(workspace=corpus, question="the wing")
     from inference.streams import stream_read
 
-    events = stream_read(str(answer.pk), block_ms=60000)
-    seen = [next(events)]
-    os.killpg(ngram_pool.server.process.pid, signal.SIGKILL)
-    seen.extend(events)
-    stored = wait_for_answer(answer.pk)
+    route = pool_route(ngram_pool, max_tokens=1900)
+    restarts = ngram_pool.server.restarts
+    for _ in range(3):
+        # A long generation, so that the server dies in the middle of it: killed at its first
+        # event. The server writes 1,900 tokens in under 2 s here; a test process kept off the
+        # cores that long (two test processes, workers, the server) kills it after the end, and
+        # that is not the case under test: the next answer, once the server is back, is.
+        answer = answer_create(workspace=corpus, question="the wing")
+        events = stream_read(str(answer.pk), block_ms=60000)
+        seen = [next(events)]
+        os.killpg(ngram_pool.server.process.pid, signal.SIGKILL)
+        seen.extend(events)
+        stored = wait_for_answer(answer.pk)
+        restarts += 1
+        if seen[-1][1] != "stats":
+            break
+        ngram_pool.server.wait_ready(timeout=600)
 
     streamed = [data["text"] for _, kind, data in seen if kind == "delta"]
     assert seen[-1][1] == "error" and seen[-1][2]["kind"] == "broken_stream", seen[-1]
@@ -240,7 +248,7 @@ def test_a_killed_server_fails_its_answer_once_is_named_by_readyz_and_comes_back
     assert readiness_summary()["status"] == "not ready"
 
     ngram_pool.server.wait_ready(timeout=600)  # its supervisor started it again
-    assert ngram_pool.server.restarts == restarts + 1
+    assert ngram_pool.server.restarts == restarts
     route.max_tokens = 16
     route.save()
     again = answer_create(workspace=corpus, question="the wing lift and the heat flux")

@@ -59,10 +59,16 @@ def test_a_worker_freezes_its_heap_at_worker_init():
 
 @pytest.fixture
 def thresholds():
+    # The heap a full collection walks, whatever ran before in this process: a test that froze
+    # it (startup_heap_freeze, as a worker does at start) left it in the permanent generation.
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
     saved = gc.get_threshold()
     gc.set_threshold(700, 10, 10)
     yield
     gc.set_threshold(*saved)
+    if frozen:
+        gc.freeze()
 
 
 def _full_collection(backoff: FullCollectionBackoff, found: int, generation: int = 2) -> tuple[int, int, int]:
