@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -101,6 +102,26 @@ def pool_admit(provider) -> None:
     waiting, limit = sum(load.waiting for load in up), per_device * len(up)
     if up and waiting >= limit:
         raise PoolFull(provider.name, waiting, limit, float(settings.GENERATION_QUEUE_RETRY_AFTER_S))
+
+
+def queue_room(queue: str) -> None:
+    """Raise ``QueueFull`` when ``queue`` already holds its bound of waiting messages and
+    reservations: the check before a request's retrieval, so that a request the queue cannot
+    take is refused before it costs a search (``queue_slot`` still decides, exactly, at the
+    publish; a request this lets through may be refused there)."""
+    limit = settings.GENERATION_QUEUE_MAX
+    if limit <= 0 or _in_celery_task():
+        return
+    client = redis_client(Role.BROKER)
+    with client.pipeline(transaction=False) as pipe:
+        for name in queue_lists(queue):
+            pipe.llen(name)
+        # Reservations whose time is up are not counted (the script removes them on its next run).
+        pipe.zcount(reservations_key(queue), f"({time.time() * 1000:.0f}", "+inf")
+        counts = pipe.execute()
+    waiting = sum(int(count) for count in counts)
+    if waiting >= limit:
+        raise QueueFull(queue, waiting, limit, float(settings.GENERATION_QUEUE_RETRY_AFTER_S))
 
 
 @contextlib.contextmanager

@@ -250,6 +250,15 @@ def payload_for(
     }
 
 
+def capacity_check(plan: Plan) -> None:
+    """``PoolFull`` or ``QueueFull`` (503, ``Retry-After``) when what would serve the plan has no
+    room now: asked before the request's retrieval, so that past saturation a refusal costs a
+    Redis round trip rather than a search. ``submit`` decides again, exactly, at the publish."""
+    if plan.provider.is_local:
+        backpressure.pool_admit(plan.provider)
+    backpressure.queue_room(plan.route.provider.queue)
+
+
 def submit(plan: Plan, **request) -> None:
     """Enqueue the generation (``request``: the keyword arguments of ``payload_for``) to the
     endpoint the plan chose (``Plan.provider``).

