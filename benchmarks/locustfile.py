@@ -53,6 +53,18 @@ LEVELS_END_S = len(CONFIG["levels"]) * CONFIG["level_s"]
 _in_flight = 0
 
 
+def _retry_after_s(response) -> float | None:
+    """The wait a refusal asks for, read as the OpenAI SDKs read it: ``retry-after-ms`` first,
+    then ``Retry-After`` in seconds; a value outside (0, 60] s is not waited for."""
+    for header, scale in (("retry-after-ms", 1000), ("Retry-After", 1)):
+        try:
+            seconds = float(response.headers.get(header, "")) / scale
+        except ValueError:
+            continue
+        return seconds if 0 < seconds <= 60 else None
+    return None
+
+
 class StepLevels(LoadTestShape):
     def tick(self):
         run_time = self.get_run_time()
@@ -79,11 +91,11 @@ class Client(FastHttpUser):
         try:
             with self.client.post(path, json=body, headers=headers, name=name, catch_response=True) as response:
                 response.success()  # every outcome is recorded; load.py classifies them
-                retry_after = response.headers.get("Retry-After") if response.status_code in (429, 503) else None
+                retry_after = _retry_after_s(response) if response.status_code in (429, 503) else None
         finally:
             _in_flight -= 1
         if retry_after and CONFIG["honor_retry_after"]:
-            time.sleep(float(retry_after))  # as the SDKs do; gevent's sleep under locust
+            time.sleep(retry_after)  # as the SDKs do; gevent's sleep under locust
 
     @task
     def one_request(self):

@@ -18,6 +18,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure
 
 from billing.tasks import ledger_drain
+from inference import backpressure
 from inference.canary import analyse_releases
 from inference.execution import lost_generation_end, run_routed
 from inference.streams import TERMINAL, StreamWriter
@@ -64,6 +65,9 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
     When the request must go on on the other queue (a fallback route on the local pool,
     reached from the remote worker, or the reverse), this task is replaced by one on that
     queue with the same id and the attempt state in its payload."""
+    queue = (self.request.delivery_info or {}).get("routing_key")
+    if queue:
+        _taken(queue)
     writer = StreamWriter(request_id)
     handover = payload.get("handover") or {}
     expected = int(handover.get("events", 0))
@@ -89,6 +93,15 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
         return self.replace(generate_routed.signature((request_id, result["payload"]), queue=result["queue"]))
     _ledger_drain_soon(request_id)
     return result
+
+
+def _taken(queue: str) -> None:
+    """The queue's drain rate counts this generation (``backpressure.retry_after`` reads it);
+    a count lost to a Redis outage only leaves refusals with the configured wait."""
+    try:
+        backpressure.generation_taken(queue)
+    except redis.RedisError as exc:
+        logger.warning("the drain rate of queue %s missed a generation (%s)", queue, exc)
 
 
 # How long a generation that lost Redis mid-stream waits for it to come back, to end its

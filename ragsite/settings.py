@@ -394,6 +394,10 @@ WEB_OVERLOAD_RETRY_AFTER_S = env_int("WEB_OVERLOAD_RETRY_AFTER_S", 1, minimum=1)
 # Generations waiting for a worker on each generation queue, gpu and remote
 # (inference/backpressure.py); a new answer beyond it gets 503. 0: no bound.
 GENERATION_QUEUE_MAX = env_int("GENERATION_QUEUE_MAX", 64, minimum=0)
+# More may wait while the queue's workers, at their measured rate, start them within this many
+# seconds: the bound follows what the workers can finish (0: GENERATION_QUEUE_MAX alone).
+GENERATION_QUEUE_MAX_WAIT_S = env_int("GENERATION_QUEUE_MAX_WAIT_S", 10, minimum=0)
+# The wait a refusal asks for while no rate is known (else: the time to drain half of what waits).
 GENERATION_QUEUE_RETRY_AFTER_S = env_int("GENERATION_QUEUE_RETRY_AFTER_S", 2, minimum=1)
 
 # --------------------------------------------------------------------------- search

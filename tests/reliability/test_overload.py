@@ -67,7 +67,8 @@ def site(upstream_server):
     # Without documents nothing answers a question: this route generates all the same, so that
     # its answers are queued (the subject here), instead of declining at once.
     stand_in_route(upstream_server, "overload", steps=[], max_tokens=32, abstains=False)
-    redis_client(Role.BROKER).delete(*queue_lists(QUEUE), backpressure.reservations_key(QUEUE))
+    broker = redis_client(Role.BROKER)
+    broker.delete(*queue_lists(QUEUE), backpressure.reservations_key(QUEUE), *broker.keys(f"backpressure:taken:{QUEUE}:*"))
     _, token = client_keys.client_key_create(workspace, "load", scopes=["search", "generate"])
     return token
 
@@ -125,6 +126,10 @@ def test_answers_beyond_the_queue_bound_get_503_and_nothing_is_enqueued(site, st
             wait_until(lambda: queued() == 0, what="the worker to take the queued generations")
             status, _, body = ask(base_url, token, "After the drain?", wait=30)
             assert (status, body["status"]) == (200, "done")
+            # Each generation the worker took counted in the queue's drain rate (its bound in time).
+            broker = redis_client(Role.BROKER)
+            taken = [broker.get(key) for key in broker.keys(f"backpressure:taken:{QUEUE}:*")]
+            assert sum(int(count) for count in taken) == 4
     assert Answer.objects.filter(status=Answer.Status.DONE).count() >= 1
 
 
