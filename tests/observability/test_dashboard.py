@@ -51,6 +51,8 @@ CATALOGUE = HISTOGRAMS | {
     "ragsite_client_key_budget_used_ratio",
     "ragsite_celery_queue_length",
     "ragsite_generation_queue_max",
+    "ragsite_generation_queue_bound",
+    "ragsite_generation_queue_drain_rate",
     "ragsite_celery_workers",
 }
 PROMETHEUS_OWN = {"up"}

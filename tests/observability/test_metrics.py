@@ -15,6 +15,7 @@ from decimal import Decimal
 
 import pytest
 import requests
+from django.conf import settings
 from django.test import Client, override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -194,6 +195,11 @@ def test_metrics_of_every_process_after_real_traffic(start_web, start_worker, up
 
     # Celery: nothing left waiting; the one worker consumes gpu, remote and default.
     assert label_values(samples, "ragsite_celery_queue_length", "queue") == {"ingest", "gpu", "remote", "default"}
+    # Each generation queue's bound now: at least GENERATION_QUEUE_MAX; more at its workers' rate.
+    for queue in ("gpu", "remote"):
+        rate = value(samples, "ragsite_generation_queue_drain_rate", queue=queue)
+        bound = max(settings.GENERATION_QUEUE_MAX, int(rate * settings.GENERATION_QUEUE_MAX_WAIT_S))
+        assert value(samples, "ragsite_generation_queue_bound", queue=queue) == bound
     assert samples["ragsite_celery_workers"] == {
         (("queue", "ingest"),): 1.0,
         (("queue", "gpu"),): 1.0,

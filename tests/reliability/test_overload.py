@@ -68,7 +68,9 @@ def site(upstream_server):
     # its answers are queued (the subject here), instead of declining at once.
     stand_in_route(upstream_server, "overload", steps=[], max_tokens=32, abstains=False)
     broker = redis_client(Role.BROKER)
-    broker.delete(*queue_lists(QUEUE), backpressure.reservations_key(QUEUE), *broker.keys(f"backpressure:taken:{QUEUE}:*"))
+    broker.delete(
+        *queue_lists(QUEUE), backpressure.reservations_key(QUEUE), *broker.keys(f"backpressure:taken:{QUEUE}:*")
+    )
     _, token = client_keys.client_key_create(workspace, "load", scopes=["search", "generate"])
     return token
 

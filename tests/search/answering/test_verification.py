@@ -355,7 +355,9 @@ def test_one_query_and_the_passages_sentences_embedded_once_per_answer(monkeypat
     monkeypatch.setattr(verification, "passage_embeddings", lambda name, texts: redis_reads.append(len(texts)))
     analysed: list[list[str]] = []
     lexemes = verification.texts_lexemes
-    monkeypatch.setattr(verification, "texts_lexemes", lambda texts, config: analysed.append(texts) or lexemes(texts, config))
+    monkeypatch.setattr(
+        verification, "texts_lexemes", lambda texts, config: analysed.append(texts) or lexemes(texts, config)
+    )
     with django_assert_num_queries(1):
         again = verify(answer)
     assert calls[5:] == [1, 1, 1, 1] and redis_reads == []
