@@ -215,7 +215,9 @@ REDIS_MAX_CONNECTIONS = env_int("REDIS_MAX_CONNECTIONS", 2000, minimum=10)
 
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        # Django's RedisCache on the process's shared client: a pool per thread was a connection
+        # per request under ASGI (ragsite/cache.py).
+        "BACKEND": "ragsite.cache.SharedRedisCache",
         "LOCATION": REDIS_CACHE_URL or REDIS_URL,
         "KEY_PREFIX": "ragsite",
     }
