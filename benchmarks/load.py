@@ -32,9 +32,10 @@ users with no think time (after a 429/503 a user waits what ``retry-after-ms``, 
 ``Retry-After``, asks, as the OpenAI SDKs do; ``--ignore-retry-after``: at once), each level
 held ``--level-seconds``; a level counts the responses that came in it, except in its first
 ``--settle-seconds`` (users joining, the previous level's tail). A client gives up on a
-request after ``--timeout`` seconds. Every request uses the next of ``--keys`` client keys (no limits of their own; searches are throttled at 600 a
-minute per key by the API, so the keys together allow ``--keys`` x 10 searches a second,
-above what this machine serves): the keys are not the bottleneck.
+request after ``--timeout`` seconds. Every request uses the next of ``--keys`` client keys
+(no limits of their own; searches are throttled at 600 a minute per key by the API, so the
+keys together allow ``--keys`` x 10 searches a second, above what this machine serves): the
+keys are not the bottleneck.
 
 Outcomes. ``ok``: 2xx. ``shed``: 429 or 503 with ``Retry-After``, the service saying "not
 now" (``ragsite/overload.py``: ``WEB_MAX_IN_FLIGHT`` requests in progress per web process;
