@@ -202,19 +202,34 @@ def call(method: str, url: str, token: str, body: bytes | None = None, content_t
         return 0, {"reason": f"{type(error).__name__}: {error}"}
 
 
+# How long a client reads an answer's stream for its last event: the stream's keep-alive
+# comments keep a socket's timeout from ever firing on an answer that never ends.
+STREAM_DEADLINE_S = 90
+
+
+def _before(lines, deadline: float):
+    for line in lines:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no last event within {STREAM_DEADLINE_S} s")
+        yield line
+
+
 def stream_end(url: str, token: str, attempts: int = 5) -> tuple[str, str]:
     """The last event of an answer's stream, ``("answer" | "error", detail)``, read again from the
     last event seen when the connection is cut (``Last-Event-ID``); ``("cut", reason)`` when
-    every attempt was."""
+    every attempt was, or none came within ``STREAM_DEADLINE_S``."""
     last_id, reason = None, ""
+    deadline = time.monotonic() + STREAM_DEADLINE_S
     for _ in range(attempts):
+        if time.monotonic() > deadline:
+            break
         headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
         if last_id:
             headers["Last-Event-ID"] = last_id
         try:
             request = urllib.request.Request(url, headers=headers)  # noqa: S310 (loopback)
             with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
-                for fields in sse_events(response):
+                for fields in sse_events(_before(response, deadline)):
                     last_id = fields.get("id") or last_id
                     if fields["event"] in ("answer", "error"):
                         return fields["event"], fields.get("data", "")[:300]
