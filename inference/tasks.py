@@ -96,8 +96,8 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
 
 
 def _taken(queue: str) -> None:
-    """The queue's drain rate counts this generation (``backpressure.retry_after`` reads it);
-    a count lost to a Redis outage only leaves refusals with the configured wait."""
+    """The queue's drain rate counts this generation (its bound and a refusal's wait read it:
+    ``inference.backpressure``); a count lost to a Redis outage only makes the bound smaller."""
     try:
         backpressure.generation_taken(queue)
     except redis.RedisError as exc:

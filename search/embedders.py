@@ -64,7 +64,8 @@ class LocalSentenceEmbedder:
     Loaded lazily, once per process: Celery prefork children each load their own copy
     after the fork. On CPUs with native bf16 (AVX512-BF16/AMX) or on CUDA it runs under
     bf16 autocast: 2.3x the throughput of fp32 here, with embeddings whose cosine to the
-    fp32 ones is 0.99998 (docs/benchmarks.md).
+    fp32 ones is 0.99998 (docs/benchmarks.md). That is for batches; a text given alone goes
+    through ONNX Runtime (``_single_text_session``).
     """
 
     def __init__(
@@ -152,10 +153,10 @@ class LocalSentenceEmbedder:
 
     def _single_text_session(self):
         """The model in ONNX Runtime, for texts embedded one at a time (a query, a claim being
-        checked): its kernels take 4.3 ms for a 22-token sentence where torch takes 9.2 ms on
-        one core here, and a lone text's vector is torch's fp32 one within 2e-7 (docs/benchmarks.md,
-        "One text at a time"). Exported from the loaded model once per process (1.4 s); on CPU
-        only. None where it cannot be used: torch embeds them, as it embeds batches."""
+        checked): 4.9 ms of CPU a Cranfield query where torch takes 10.0 in fp32 on one core
+        here, the vector torch's fp32 one within 2e-7 (``benchmarks.text_analysis``;
+        docs/benchmarks.md, "Load"). Exported from the loaded model once per process (1.4 s); on
+        CPU only. None where it cannot be used: torch embeds them, as it embeds batches."""
         if self._single is None:
             with self._lock:
                 if self._single is None:
