@@ -21,7 +21,9 @@ killed worker had taken is delivered again once Redis's visibility timeout passe
 here (``CELERY_VISIBILITY_TIMEOUT``, with the task time limits under it), not the hour of
 the defaults, so that the run can wait for it; and ledger rows a killed worker had read from
 the outbox and not stored are taken over after 5 s (``LEDGER_CLAIM_IDLE_S``, 60 s by default)
-by the run's own drain, which plays beat's ``ledger_drain`` (no beat runs here).
+by the run's own drain, which plays beat's ``ledger_drain`` (no beat runs here); it plays
+``generations_lost_requeue`` too, which publishes again a message a killed worker took off its
+list and lost before recording it (``inference/pending.py``).
 
 Outcomes. ``requests``: what the clients sent; ``ok``: searches answered 200, answers whose
 stream ended with the answer, uploads answered 201; ``failed``: the rest, each with its
@@ -383,12 +385,15 @@ def drain(created: dict[str, list], seconds: float) -> float:
     kill cut), or ``seconds`` pass; returns how long it took."""
     from billing import ledger
     from billing.models import UsageRecord
+    from inference.tasks import generations_lost_requeue
     from search.models import Answer, Document
 
     began = time.monotonic()
     while time.monotonic() - began < seconds:
         # As beat's ledger_drain does (no beat runs here): rows a killed drainer left are claimed.
         ledger.usage_records_store(claim_idle_ms=int(float(QUICK_REDELIVERY["LEDGER_CLAIM_IDLE_S"]) * 1000))
+        # As beat's generations-lost-requeue does: a message a killed worker took and lost is published again.
+        generations_lost_requeue()
         documents = Document.objects.filter(pk__in=created["documents"]).exclude(status__in=("indexed", "failed"))
         answers = Answer.objects.filter(pk__in=created["answers"])
         open_answers = answers.exclude(status__in=("done", "failed")).count()

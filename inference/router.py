@@ -20,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from inference import backpressure, canary, keypool
+from inference import backpressure, canary, keypool, pending
 from inference.errors import NoRouteConfigured, PoolWarming, RouteNotFound, RouteUnavailable, SpeculationUnavailable
 from inference.models import CanaryRelease, Provider, Route
 from inference.tasks import generate_routed
@@ -278,4 +278,12 @@ def submit(plan: Plan, **request) -> None:
         backpressure.pool_admit(serving)
     # Overload: QueueFull (a RouteUnavailable: 503, Retry-After) when the queue is at its bound.
     with backpressure.queue_slot(queue):
-        generate_routed.apply_async((plan.request_id, payload), queue=queue)
+        # Kept until a worker starts it, so that a message lost as a worker is killed is queued
+        # again (inference/pending.py); the task id is the request's, so the queues show it.
+        payload["pending"] = True
+        pending.recorded(plan.request_id, queue, payload)
+        try:
+            generate_routed.apply_async((plan.request_id, payload), queue=queue, task_id=plan.request_id)
+        except BaseException:
+            pending.forget(plan.request_id)
+            raise

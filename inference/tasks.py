@@ -18,10 +18,11 @@ from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure
 
 from billing.tasks import ledger_drain
-from inference import backpressure
+from inference import backpressure, pending
 from inference.canary import analyse_releases
 from inference.execution import lost_generation_end, run_routed
 from inference.streams import TERMINAL, StreamWriter
+from ragsite.celery import Queue
 from ragsite.redis import Role, redis_client
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,10 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
     # but those) and a handover, whose stream this task continues, are the only others, so
     # only these two look (a round trip on every request's time to first token otherwise).
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    # A message queued again as lost (inference/pending.py) and found after all: the first
+    # delivery to start runs, any other first delivery stops here.
+    if payload.get("pending") and not _first_start(request_id) and not (redelivered or handover):
+        return {"skipped": "another delivery of this generation started first"}
     events, last = writer.history() if redelivered or handover else (0, None)
     if last in TERMINAL:
         return {"skipped": "already finished"}
@@ -93,6 +98,27 @@ def generate_routed(self, request_id: str, payload: dict) -> dict:
         return self.replace(generate_routed.signature((request_id, result["payload"]), queue=result["queue"]))
     _ledger_drain_soon(request_id)
     return result
+
+
+def _first_start(request_id: str) -> bool:
+    try:
+        return pending.started(request_id)
+    except redis.RedisError as exc:  # the queues' Redis is down: this delivery runs
+        logger.warning("generation %s started without its pending record checked (%s)", request_id, exc)
+        return True
+
+
+@shared_task(name="inference.tasks.generations_lost_requeue", ignore_result=True)
+def generations_lost_requeue() -> int:
+    """Publish again the generations whose message was lost before a worker recorded it
+    (inference/pending.py); beat runs it every 10 s. Returns how many."""
+    requeued = 0
+    for request_id, queue, payload in pending.lost([Queue.GPU.value, Queue.REMOTE.value]):
+        logger.warning("generation %s: its message was lost before a worker started it; queued again", request_id)
+        generate_routed.apply_async((request_id, payload), queue=queue, task_id=request_id)
+        pending.requeued(request_id)
+        requeued += 1
+    return requeued
 
 
 def _taken(queue: str) -> None:

@@ -37,6 +37,13 @@ BEAT_SCHEDULE = {
         "schedule": 300.0,
         "options": {"expires": 300},
     },
+    # Publishes again the generations whose message a killed worker took and lost before it
+    # recorded it (inference/pending.py): within seconds, where answers-reap fails them in an hour.
+    "generations-lost-requeue": {
+        "task": "inference.tasks.generations_lost_requeue",
+        "schedule": 10.0,
+        "options": {"expires": 10},
+    },
     # Stores queued usage-ledger rows and hands their outcomes to the answers waiting, taking
     # over entries a drainer read and never acknowledged (billing/ledger.py).
     "ledger-drain": {

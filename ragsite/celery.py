@@ -91,6 +91,8 @@ TASK_ROUTES = {
     "search.tasks.*": {"queue": Queue.INGEST.value},
     # Canary analysis is a short database job: it must not wait behind generations on gpu.
     "inference.tasks.canary_analyse": {"queue": Queue.DEFAULT.value},
+    # Likewise the sweep of generations whose message was lost (inference/pending.py).
+    "inference.tasks.generations_lost_requeue": {"queue": Queue.DEFAULT.value},
     "inference.tasks.*": {"queue": Queue.GPU.value},
     "billing.tasks.*": {"queue": Queue.DEFAULT.value},
     "*": {"queue": Queue.DEFAULT.value},
