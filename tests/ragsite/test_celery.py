@@ -25,6 +25,8 @@ def test_queues_are_declared_in_one_enum():
         ("inference.tasks.generate_routed", "gpu"),
         # Listed before the inference.tasks.* pattern, so it wins.
         ("inference.tasks.canary_analyse", "default"),
+        # Likewise the sweep that publishes lost generations again (inference/pending.py).
+        ("inference.tasks.generations_lost_requeue", "default"),
         ("search.tasks.answers_reap", "default"),
         # Stores ledger rows and hands answers their generations' outcomes (billing.ledger).
         ("billing.tasks.ledger_drain", "default"),
@@ -40,7 +42,11 @@ def test_tasks_are_routed_by_module(task_name, queue):
 def test_the_generation_tasks_are_generate_routed_alone():
     app.loader.import_default_modules()
     generation = sorted(name for name in app.tasks if name.startswith("inference.tasks."))
-    assert generation == ["inference.tasks.canary_analyse", "inference.tasks.generate_routed"]
+    assert generation == [
+        "inference.tasks.canary_analyse",
+        "inference.tasks.generate_routed",
+        "inference.tasks.generations_lost_requeue",
+    ]
 
 
 def test_a_named_queue_wins_over_the_pattern():
