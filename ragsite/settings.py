@@ -415,6 +415,11 @@ EMBEDDING_THREADS = env_int("EMBEDDING_THREADS", 0, minimum=0)
 # What a new collection is embedded with once its first document is Japanese (search/ingest/pipeline.py):
 # all-MiniLM-L6-v2 reads English only (0.265 nDCG@10 on JSQuAD against 0.898). Any embedder name.
 EMBEDDING_MODEL_JAPANESE = env_str("EMBEDDING_MODEL_JAPANESE", "multilingual-e5-small")
+# What decides whether the sources answer a question and which sentence answers it
+# (search/answering/reader.py, docs/answers.md "The reader"): the lexical and dense signals
+# ("signals"), or the trained reader's reading added to them ("reader"). Signals by default: the
+# reader as trained at 3dcd96a5 declines more answerable held-out questions than they do.
+ANSWER_READER = env_choice("ANSWER_READER", "signals", ("reader", "signals"))
 EMBEDDING_API_BASE_URL = env_url("EMBEDDING_API_BASE_URL", ("http", "https"))
 EMBEDDING_API_KEY = env_str("EMBEDDING_API_KEY", "")
 EMBEDDING_API_DIMENSIONS = env_int("EMBEDDING_API_DIMENSIONS", 1536, minimum=1, maximum=4000)

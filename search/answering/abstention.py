@@ -33,6 +33,7 @@ import hashlib
 import logging
 import math
 import re
+import time
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -44,7 +45,7 @@ from django.db import DatabaseError
 from search import analysis
 from search.analysis.japanese import AMOUNT, QUESTION_TERMS, affixes, amount_value, names_someone
 from search.analysis.sentences import sentence_spans
-from search.answering import wording
+from search.answering import reader, wording
 from search.answering.prompting import Source
 from search.bm25 import texts_lexemes
 from search.embedders import EmbedderError, embedder_get, query_embedding
@@ -71,6 +72,13 @@ ABSTAIN_BELOW = 0.65
 # Japanese questions asked as people ask were declined (docs/answers.md, "Calibration").
 ABSTAIN_BELOW_BY_MODEL = {"multilingual-e5-small": 1.0}
 ABSTAIN_BELOW_LEXICAL = 0.45  # coverage alone, when the embedder cannot run
+# With the reader: each sentence's relevance gains READER_WEIGHT x the reader's probability that
+# it answers, and the lines move with it. Weight and lines chosen on the pairs and sets the reader
+# was trained on (JSQuAD's even half, the demo's tuned sets; docs/answers.md, "The reader").
+READER_WEIGHT = 0.3
+READER_ABSTAIN_BELOW = 0.81
+READER_ABSTAIN_BELOW_BY_MODEL = {"multilingual-e5-small": 1.2}
+READER_ABSTAIN_BELOW_LEXICAL = 0.65
 # Without embeddings the coverage is the share of at most this many of the question's terms,
 # unweighted: a sentence that holds 5 terms of a 12-term query (Cranfield's) covers it as well
 # as a 5-term question (weighed by rarity, coverage alone declined 15 % of Cranfield's answerable
@@ -196,6 +204,9 @@ class Scored:
     whole: Against | None = None
     parts: list[Against] = field(default_factory=list)  # for a question in parts, each part
     title_lexemes: dict[int, frozenset[str]] = field(default_factory=dict)  # per source [n], its title's
+    reader: str | None = None  # the reader's version when it scored the units
+    unread: str | None = None  # why the reader did not, when it could not run
+    reader_cpu_ms: float | None = None
 
     @property
     def lexical_only(self) -> bool:
@@ -214,6 +225,14 @@ class Relevance:
     closest: list[dict]  # the nearest sources: {number, chunk_id, document_id, title, score}
     abstain: bool
     lexical_only: bool = False  # decided without embeddings
+    reader: str | None = None  # decided by this version of the reader (None: by the signals)
+    unread: str | None = None  # why the reader could not decide
+
+    def decided_by(self) -> dict:
+        """For an answer's stats: the reader's version, or that the signals decided and why."""
+        if self.reader:
+            return {"reader": self.reader}
+        return {"reader": None, "reader_unavailable": self.unread} if self.unread else {"reader": None}
 
 
 # Where a question asks a second thing: ", and how ...", "; what ...", "? When ...".
@@ -897,10 +916,14 @@ def sentences_score(
     *,
     embedding_model: str | None,
     text_search_config: str | None = None,
+    read: bool = True,
 ) -> Scored:
     """Every quotable unit of the sources (repeats across overlapping chunks once), scored
-    against the question and, for a question in parts, against each part."""
+    against the question and, for a question in parts, against each part: by the reader
+    (``search.answering.reader``) unless ``read`` is false or it cannot run, by the lexical
+    and dense signals below then."""
     units: list[Unit] = []
+    as_read: dict[int, list[Unit]] = {}  # per source [n]: its units as the reader reads them
     seen: set[str] = set()
     # A Japanese document's title is context for every sentence in it: reports, rules and
     # minutes name what they are about there (「売上報告（2026年度第2四半期）」) and their
@@ -911,6 +934,7 @@ def sentences_score(
             key = " ".join(unit.sentence.lower().split())
             if key not in seen:
                 seen.add(key)
+                as_read.setdefault(source.number, []).append(unit)
                 if titled and source.title and source.title not in unit.context:
                     unit = replace(unit, context=f"{source.title} {unit.context}".strip())
                 units.append(unit)
@@ -977,8 +1001,31 @@ def sentences_score(
         _against(scored, q, frozenset(terms), circumstance_terms)
         for q, terms, circumstance_terms in zip(questions, question_lexemes, told, strict=True)
     ]
+    if read:
+        against = _read(scored, against, as_read)
     scored.whole, scored.parts = against[0], against[1:]
     return scored
+
+
+def _read(scored: Scored, against: list[Against], as_read: dict[int, list[Unit]]) -> list[Against]:
+    """The units' relevance and ranking with the reader's reading beside them: READER_WEIGHT x
+    the probability that the sentence, read in its passage, answers the question (or the part).
+    Unchanged, and the reason kept in ``scored.unread``, when the reader cannot run."""
+    started = time.process_time()
+    passages = [(source.title, as_read[source.number]) for source in scored.sources if source.number in as_read]
+    readings = []
+    for one in against:
+        read = reader.answers(one.question, passages)
+        if read is None:
+            scored.unread = reader.reader_unavailable() or "the reader could not run"
+            return against
+        readings.append(np.array([p for per_passage in read for p in per_passage], dtype=np.float64))
+    scored.reader = reader.reader_get().version
+    scored.reader_cpu_ms = round(1000 * (time.process_time() - started), 1)
+    return [
+        replace(one, relevance=one.relevance + READER_WEIGHT * read, ranking=one.ranking + READER_WEIGHT * read)
+        for one, read in zip(against, readings, strict=True)
+    ]
 
 
 def sentence_vectors(embedding_model: str, sentences: list[str]) -> np.ndarray:
@@ -1192,9 +1239,13 @@ def _against(scored: Scored, question: str, terms: frozenset[str], told: frozens
     )
 
 
-def abstain_below(embedding_model: str | None, *, lexical_only: bool = False) -> float:
+def abstain_below(embedding_model: str | None, *, lexical_only: bool = False, read: bool = False) -> float:
     """The relevance below which the sources are taken not to answer, for sentences scored
-    with ``embedding_model`` (or without embeddings)."""
+    by the reader (``read``), or else with ``embedding_model`` (or without embeddings)."""
+    if read and lexical_only:
+        return READER_ABSTAIN_BELOW_LEXICAL
+    if read:
+        return READER_ABSTAIN_BELOW_BY_MODEL.get(embedding_model or "", READER_ABSTAIN_BELOW)
     if lexical_only:
         return ABSTAIN_BELOW_LEXICAL
     return ABSTAIN_BELOW_BY_MODEL.get(embedding_model or "", ABSTAIN_BELOW)
@@ -1204,9 +1255,9 @@ def relevance_of(scored: Scored, *, threshold: float | None = None) -> Relevance
     """Whether the scored sources answer the question, and which come closest."""
     lexical_only = scored.lexical_only or (scored.whole is not None and scored.whole.dense is None)
     if threshold is None:
-        threshold = abstain_below(scored.embedding_model, lexical_only=lexical_only)
+        threshold = abstain_below(scored.embedding_model, lexical_only=lexical_only, read=bool(scored.reader))
     if scored.whole is None:
-        return Relevance(score=-1.0, closest=[], abstain=True, lexical_only=lexical_only)
+        return Relevance(score=-1.0, closest=[], abstain=True, lexical_only=lexical_only, unread=scored.unread)
     best_by_number: dict[int, float] = {}
     for against in [scored.whole, *scored.parts]:
         for unit, value in zip(scored.units, against.relevance, strict=True):
@@ -1225,7 +1276,14 @@ def relevance_of(scored: Scored, *, threshold: float | None = None) -> Relevance
         if number in by_number
     ]
     score = scored.best
-    return Relevance(score=round(score, 4), closest=closest, abstain=score < threshold, lexical_only=lexical_only)
+    return Relevance(
+        score=round(score, 4),
+        closest=closest,
+        abstain=score < threshold,
+        lexical_only=lexical_only,
+        reader=scored.reader,
+        unread=scored.unread,
+    )
 
 
 def declined_text(closest: list[dict], language: str = analysis.ENGLISH) -> str:

@@ -313,6 +313,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
         )
         answer.timings["relevance_ms"] = _ms_since(relevance_started)
         answer.stats["relevance"] = round(relevance.score, 4)
+        answer.stats.update(relevance.decided_by())
         if relevance.abstain:
             return _answer_abstained(answer, sources, relevance.closest, started, mode=Answer.Mode.GENERATED)
 
@@ -329,7 +330,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
     answer.mode, answer.status = Answer.Mode.GENERATED, Answer.Status.GENERATING
     answer.stats = {
         "context": prompt.context_record(),
-        **{k: v for k, v in answer.stats.items() if k in ("relevance", "followup")},
+        **{k: v for k, v in answer.stats.items() if k in ("relevance", "reader", "reader_unavailable", "followup")},
     }
     common = {
         "temperature": temperature,
@@ -490,7 +491,9 @@ def _answer_extractive(answer: Answer, sources, collection: Collection | None, s
         language=language,
     )
     answer.timings["prompt_ms"] = _ms_since(extract_started)
+    answer.stats.update(extractive.decided_by)
     if extractive.abstained:
+        answer.stats["relevance"] = extractive.relevance
         return _answer_abstained(
             answer, sources, extractive.closest, started, mode=Answer.Mode.EXTRACTIVE, text=extractive.text
         )
@@ -515,6 +518,7 @@ def _answer_extractive(answer: Answer, sources, collection: Collection | None, s
         "sentences": len(extractive.extracts),
         "scores": [extract.score for extract in extractive.extracts],
         "relevance": extractive.relevance,
+        **extractive.decided_by,
     }
     answer.finished_at = timezone.now()
     _answer_store(answer)

@@ -98,6 +98,7 @@ class ExtractiveAnswer:
     # The nearest passages, best first: {number, chunk_id, document_id, title, score}.
     closest: list[dict] = field(default_factory=list)
     relevance: float | None = None  # search.answering.abstention's score of the sources (None: no source)
+    decided_by: dict = field(default_factory=dict)  # ``Relevance.decided_by``: the reader, or why not
 
 
 def extractive_answer(
@@ -124,8 +125,9 @@ def extractive_answer(
             abstained=True,
             closest=relevance.closest,
             relevance=relevance.score,
+            decided_by=relevance.decided_by(),
         )
-    threshold = abstain_below(scored.embedding_model, lexical_only=relevance.lexical_only)
+    threshold = abstain_below(scored.embedding_model, lexical_only=relevance.lexical_only, read=bool(relevance.reader))
     # What each unit's place costs it: RANK_PENALTY per rank of its source, and everything
     # when the question asks for the latest and its document is not (``_not_latest``).
     place_costs = RANK_PENALTY * np.array([unit.number - 1 for unit in scored.units], dtype=np.float64)
@@ -144,6 +146,7 @@ def extractive_answer(
         abstained=False,
         closest=relevance.closest,
         relevance=relevance.score,
+        decided_by=relevance.decided_by(),
     )
 
 

@@ -40,6 +40,7 @@ from ragsite.env import redact_url
 from ragsite.redis import Role, redis_url
 from ragsite.storage import StorageUnavailable, storage_check, storage_description
 from ragsite.supervision import SupervisedProcess
+from search.answering.reader import reader_description
 
 # How long children get to stop after SIGTERM before they are killed.
 STOP_TIMEOUT_S = 30.0
@@ -134,6 +135,7 @@ class Command(BaseCommand):
             storage_check()
         except StorageUnavailable as exc:
             return str(exc)
+        self.stdout.write(f"reader:   {reader_description()}")
         call_command("migrate", interactive=False, verbosity=1)
         if not options["no_demo"]:
             call_command("seed_demo")

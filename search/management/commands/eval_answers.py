@@ -351,17 +351,23 @@ class _Asking:
         return answer
 
     def verdict(self, item: dict) -> dict:
-        verdict = judge(item, self.ask(item, []), self.files)
+        answer = self.ask(item, [])
+        verdict = judge(item, answer, self.files)
         flags = " ".join(
             f"{key}={verdict[key]}" for key in ("correct", "right_source", "abstained", "grounded", "finish_reason")
         )
+        # The score the decline was decided on: what a line is chosen from.
+        flags += f" relevance={answer.stats.get('relevance')}"
         if self.removed_source and item["kind"] != "unanswerable":
             own = [pk for pk, name in self.files.items() if name in item["sources"]]
             if any(holds_answer(item, text) for pk, text in self.texts.items() if pk not in own):
                 verdict["removed_source_skipped"] = True
                 flags += " removed_source=skipped"
             else:
-                verdict["removed_source_abstained"] = self.ask(item, own).abstained
-                flags += f" removed_source_declined={verdict['removed_source_abstained']}"
+                removed = self.ask(item, own)
+                verdict["removed_source_abstained"] = removed.abstained
+                flags += (
+                    f" removed_source_declined={removed.abstained} removed_relevance={removed.stats.get('relevance')}"
+                )
         self.command.stdout.write(f"{item['id']} {verdict['mode']} {verdict['total_ms']} ms {flags}")
         return verdict
