@@ -33,7 +33,6 @@ import hashlib
 import logging
 import math
 import re
-import time
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -77,7 +76,7 @@ ABSTAIN_BELOW_LEXICAL = 0.45  # coverage alone, when the embedder cannot run
 # was trained on (JSQuAD's even half, the demo's tuned sets; docs/answers.md, "The reader").
 READER_WEIGHT = 0.3
 READER_ABSTAIN_BELOW = 0.81
-READER_ABSTAIN_BELOW_BY_MODEL = {"multilingual-e5-small": 1.2}
+READER_ABSTAIN_BELOW_BY_MODEL = {"multilingual-e5-small": 1.15}
 READER_ABSTAIN_BELOW_LEXICAL = 0.65
 # Without embeddings the coverage is the share of at most this many of the question's terms,
 # unweighted: a sentence that holds 5 terms of a 12-term query (Cranfield's) covers it as well
@@ -206,7 +205,6 @@ class Scored:
     title_lexemes: dict[int, frozenset[str]] = field(default_factory=dict)  # per source [n], its title's
     reader: str | None = None  # the reader's version when it scored the units
     unread: str | None = None  # why the reader did not, when it could not run
-    reader_cpu_ms: float | None = None
 
     @property
     def lexical_only(self) -> bool:
@@ -919,9 +917,8 @@ def sentences_score(
     read: bool = True,
 ) -> Scored:
     """Every quotable unit of the sources (repeats across overlapping chunks once), scored
-    against the question and, for a question in parts, against each part: by the reader
-    (``search.answering.reader``) unless ``read`` is false or it cannot run, by the lexical
-    and dense signals below then."""
+    against the question and, for a question in parts, against each part, by the signals
+    below; with the reader's reading added (``_read``) when it is on and ``read``."""
     units: list[Unit] = []
     as_read: dict[int, list[Unit]] = {}  # per source [n]: its units as the reader reads them
     seen: set[str] = set()
@@ -1011,7 +1008,6 @@ def _read(scored: Scored, against: list[Against], as_read: dict[int, list[Unit]]
     """The units' relevance and ranking with the reader's reading beside them: READER_WEIGHT x
     the probability that the sentence, read in its passage, answers the question (or the part).
     Unchanged, and the reason kept in ``scored.unread``, when the reader cannot run."""
-    started = time.process_time()
     passages = [(source.title, as_read[source.number]) for source in scored.sources if source.number in as_read]
     readings = []
     for one in against:
@@ -1021,7 +1017,6 @@ def _read(scored: Scored, against: list[Against], as_read: dict[int, list[Unit]]
             return against
         readings.append(np.array([p for per_passage in read for p in per_passage], dtype=np.float64))
     scored.reader = reader.reader_get().version
-    scored.reader_cpu_ms = round(1000 * (time.process_time() - started), 1)
     return [
         replace(one, relevance=one.relevance + READER_WEIGHT * read, ranking=one.ranking + READER_WEIGHT * read)
         for one, read in zip(against, readings, strict=True)

@@ -11,7 +11,9 @@ its best sentence does.
 An input longer than the encoder's 512 positions is read in windows, never cut: the sentences
 are packed into windows that each repeat the question, a sentence longer than a window is read
 in pieces (scored as its best piece), and a question longer than ``QUESTION_TOKENS`` is read
-in pieces too, each against every window (a sentence scores its best). docs/answers.md.
+in pieces too, each against every window (a sentence scores its best). Only a title longer
+than ``TITLE_TOKENS`` is cut: it is context repeated in every window, not what is scored.
+docs/answers.md, "The reader".
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from search.reader.e5 import E5File, Encoder, Tokenizer, WeightsError, wheel_mod
 
 ANSWERS, SUPPORTS = 0, 1  # the head's two outputs
 QUESTION_TOKENS = 160
+TITLE_TOKENS = 64  # a passage's title is context, repeated in each window: a longer one is cut
 HEAD_HIDDEN = 256
 BATCH_TOKENS = 4096  # tokens (padded) of one forward pass
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
@@ -102,12 +105,12 @@ class Inputs:
         encoded = iter(tok.encode(flat))
         for index, pair in enumerate(pairs):
             sentences = [next(encoded) for _ in pair.sentences]
-            head_of_question = [
+            question_pieces = [
                 questions[index][start : start + QUESTION_TOKENS]
                 for start in range(0, max(len(questions[index]), 1), QUESTION_TOKENS)
             ]
-            for question in head_of_question:
-                prefix = [tok.bos, *question, tok.eos, tok.eos, *titles[index]]
+            for question in question_pieces:
+                prefix = [tok.bos, *question, tok.eos, tok.eos, *titles[index][:TITLE_TOKENS]]
                 room = self.positions - len(prefix) - 1
                 window = Window(list(prefix))
                 for number, ids in enumerate(sentences):

@@ -6,6 +6,7 @@ lexical signals then, saying so in their stats. Its quality is measured by
 from __future__ import annotations
 
 import shutil
+import uuid
 
 import pytest
 from django.test import override_settings
@@ -113,14 +114,17 @@ def test_japanese_and_english_in_one_pair(loaded, fresh_reader):
 
 
 def test_scores_are_kept_and_the_same_when_read_again(fresh_reader):
-    passages = [
-        ("Leave", sentence_units("Employees receive 25 days of paid leave a year. Leave carries over until March."))
-    ]
+    # A title of its own: what another test read is kept in Redis and would be found.
+    title = f"Leave {uuid.uuid4()}"
+    passages = [(title, sentence_units("Employees receive 25 days of paid leave a year. Leave carries over."))]
     first = reader.answers("How many days of paid leave do employees get?", passages)
-    assert reader.reader_counts()["read"] == 1
+    assert reader.reader_counts() == {"hits": 0, "read": 1}
     again = reader.answers("How many days of paid leave do employees get?", passages)
     assert again == first
     assert reader.reader_counts() == {"hits": 1, "read": 1}
+    reader.reader_reset()  # the process forgets; Redis still holds it
+    assert reader.answers("How many days of paid leave do employees get?", passages) == first
+    assert reader.reader_counts() == {"hits": 1, "read": 0}
 
 
 def test_missing_weights_name_the_file_and_answers_fall_back(tmp_path, monkeypatch, fresh_reader):
