@@ -11,12 +11,17 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.core.cache import cache
 
-from search.reader.e5 import WeightsError
-from search.reader.model import ANSWERS, HEAD_FILE, SUPPORTS, Pair, ReaderModel, Sentence, segments_of, weights_manifest
+# search.reader loads torch: imported when the reader is first used, so that the web and
+# workers' processes that never read (ANSWER_READER=signals) do not load it.
+if TYPE_CHECKING:
+    from search.reader.model import Pair, ReaderModel, Sentence
+
+ANSWERS, SUPPORTS = 0, 1  # search.reader.model's head outputs
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +46,9 @@ def reader_get() -> ReaderModel | None:
             _unavailable = f"turned off (ANSWER_READER={settings.ANSWER_READER})"
         if _model is None and _unavailable is None:
             try:
+                from search.reader.e5 import WeightsError
+                from search.reader.model import ReaderModel
+
                 _model = ReaderModel()
             except WeightsError as error:
                 _unavailable = str(error)
@@ -57,6 +65,9 @@ def reader_unavailable() -> str | None:
 def reader_description() -> str:
     """One line for a start-up banner: whether answers read with the reader, and its weights'
     version, or why they cannot be used (checked without loading the encoder)."""
+    from search.reader.e5 import WeightsError
+    from search.reader.model import HEAD_FILE, weights_manifest
+
     try:
         manifest = weights_manifest()
     except WeightsError as error:
@@ -133,6 +144,10 @@ def reader_counts() -> dict:
 def answers(question: str, passages: Sequence[tuple[str, Sequence[Sentence]]]) -> list[list[float]] | None:
     """For each (title, units) passage, each unit's probability that it answers ``question``;
     None when the reader cannot run."""
+    if reader_get() is None:
+        return None
+    from search.reader.model import Pair, segments_of
+
     pairs, wheres = [], []
     for title, units in passages:
         segments, where = segments_of(units)
@@ -146,6 +161,10 @@ def answers(question: str, passages: Sequence[tuple[str, Sequence[Sentence]]]) -
 
 def supports(claim: str, passages: Sequence[tuple[str, Sequence[Sentence]]]) -> list[float] | None:
     """For each (title, units) passage, the probability that it supports ``claim``."""
+    if reader_get() is None:
+        return None
+    from search.reader.model import Pair, segments_of
+
     pairs = [Pair(claim, segments_of(units)[0], title) for title, units in passages]
     read = _read(SUPPORTS, pairs)
     if read is None:
