@@ -2,7 +2,7 @@
 
     python -m benchmarks.reader [--answers N] [--rounds 1]
 
-- ``auc``: for each held-out group of ``search.answering.reader_training.test_examples`` (JSQuAD's odd half
+- ``auc``: for each held-out group of ``search.answering.reader_training.examples(held_out=True)`` (JSQuAD's odd half
   and its hard negatives; the demo handbook's held-out and unseen questions against every demo
   chunk that holds or lacks their answer; the verification sets' claims on files the reader never
   saw, and claims made from JSQuAD's odd half), the area under the ROC curve of the reader's
@@ -84,8 +84,8 @@ def run(args) -> dict:
     from search.reader.model import ANSWERS, ReaderModel
 
     rng = random.Random(SEED)  # noqa: S311 (a reproducible sample, not a secret)
-    training.training_examples(rng)  # drawn first, as train_reader draws them: the same test pairs
-    tests = training.test_examples(rng)
+    training.examples(rng, held_out=False)  # drawn first, as train_reader draws them: the same test pairs
+    tests = training.examples(rng, held_out=True)
     texts = _texts_by_passage()
     reader = ReaderModel()
     groups: dict[str, tuple[list, list, list]] = defaultdict(lambda: ([], [], []))

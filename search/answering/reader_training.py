@@ -266,23 +266,16 @@ def jsquad_claims(half: int, rng: random.Random) -> list[Example]:
     return out
 
 
-def training_examples(rng: random.Random) -> list[Example]:
+def examples(rng: random.Random, *, held_out: bool) -> list[Example]:
+    """The pairs it learns from (JSQuAD's even half, the tuned sets, claims on the other files),
+    or those it is reported on (the odd half, the held-out and unseen sets, the test files)."""
     passages = demo_passages()
+    half = 1 if held_out else 0
     return (
-        jsquad_answers(0, rng)
-        + demo_answers(TUNED_SETS, passages, rng)
-        + claims_examples(False, passages, rng)
-        + jsquad_claims(0, rng)
-    )
-
-
-def test_examples(rng: random.Random) -> list[Example]:
-    passages = demo_passages()
-    return (
-        jsquad_answers(1, rng)
-        + demo_answers(HELD_OUT_SETS, passages, rng)
-        + claims_examples(True, passages, rng)
-        + jsquad_claims(1, rng)
+        jsquad_answers(half, rng)
+        + demo_answers(HELD_OUT_SETS if held_out else TUNED_SETS, passages, rng)
+        + claims_examples(held_out, passages, rng)
+        + jsquad_claims(half, rng)
     )
 
 

@@ -30,8 +30,8 @@ class Command(BaseCommand):
         if threads:
             torch.set_num_threads(threads)
         rng = random.Random(seed)  # noqa: S311 (a reproducible sample, not a secret)
-        examples = training.training_examples(rng)
-        tests = training.test_examples(rng)
+        examples = training.examples(rng, held_out=False)
+        tests = training.examples(rng, held_out=True)
         self.stderr.write(f"{len(examples)} training pairs, {len(tests)} held-out pairs")
         trainer = training.Trainer(seed=seed, log=self.stderr.write)
         figures = trainer.train(examples, tests, epochs=epochs, lr=lr, batch_tokens=batch_tokens)
