@@ -36,7 +36,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from tests.conftest import PROJECT_ROOT, VLLM_GROUP
+from tests.conftest import PROJECT_ROOT, VLLM_GROUP, VLLM_TEST_TIMEOUT_S
 from tests.polling import wait_for
 
 
@@ -604,6 +604,7 @@ def _asked(system: System, key: str, question: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(VLLM_TEST_TIMEOUT_S)  # it waits for vLLM to start, as the pools' tests do
 @pytest.mark.xdist_group(VLLM_GROUP)  # its vLLM server would share the session pools' core
 def test_up_serves_the_demo_model_out_of_the_box_and_answers_extractively_while_it_warms(tmp_path):
     """The README's run command on its defaults: the demo model is converted from its wheel,

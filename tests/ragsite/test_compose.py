@@ -602,6 +602,7 @@ def test_engines_run_what_manage_py_up_runs(raw_compose, services, vllm_stub, dj
         extra_args=tuple(shlex.split(variables.get("GPU_POOL_EXTRA_ARGS", ""))),
         api_key=variables.get("GPU_POOL_API_KEY", ""),
         python="python",
+        devices=("0",),  # each engine has its GPU: a CPU's float32 for `auto` is not theirs
     )
     expected = vllm_argv(config, 0)
     assert expected[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"], expected
