@@ -59,6 +59,10 @@ APPS = ("frontdoors", "search", "inference", "billing", "ragsite")
 LOADS_TORCH = ("search.reader",)
 
 
+def _loads_torch(module: str) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in LOADS_TORCH)
+
+
 def _function_local_first_party_imports(path) -> list[str]:
     found = []
 
@@ -67,10 +71,8 @@ def _function_local_first_party_imports(path) -> list[str]:
             inside = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
             if in_function and isinstance(child, ast.Import | ast.ImportFrom):
                 names = [alias.name for alias in child.names] if isinstance(child, ast.Import) else [child.module or ""]
-                torch_loading = all(name.startswith(LOADS_TORCH) for name in names)
-                if (any(name.split(".")[0] in APPS for name in names) and not torch_loading) or getattr(
-                    child, "level", 0
-                ):
+                first_party = [name for name in names if name.split(".")[0] in APPS and not _loads_torch(name)]
+                if first_party or getattr(child, "level", 0):
                     found.append(f"{path.relative_to(PROJECT_ROOT)}:{child.lineno}")
             visit(child, inside)
 
