@@ -405,14 +405,19 @@ def drain(created: dict[str, list], seconds: float) -> float:
 
 
 def unfinished(documents: list[int], answers: list[str]) -> tuple[list[dict], list[str]]:
-    """Of these, the documents not indexed (with their status) and the answers that never ended
-    or have no ledger row."""
+    """Of these, the documents not indexed (with their status, and the reason of one that failed)
+    and the answers that never ended or have no ledger row."""
     from billing.models import UsageRecord
     from search.models import Answer, Document
 
-    statuses = dict(Document.objects.filter(pk__in=documents).values_list("pk", "status"))
+    stored = {
+        pk: (status, error)
+        for pk, status, error in Document.objects.filter(pk__in=documents).values_list("pk", "status", "error")
+    }
     documents_left = [
-        {"id": pk, "status": statuses.get(pk, "absent")} for pk in documents if statuses.get(pk) != "indexed"
+        {"id": pk, "status": stored[pk][0], "error": stored[pk][1]} if pk in stored else {"id": pk, "status": "absent"}
+        for pk in documents
+        if pk not in stored or stored[pk][0] != "indexed"
     ]
     billed = {str(pk) for pk in UsageRecord.objects.filter(request_id__in=answers).values_list("request_id", flat=True)}
     ended = {
