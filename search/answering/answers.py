@@ -73,7 +73,7 @@ from ragsite.outages import outage_of
 from ragsite.redis import Role, redis_async_client, redis_client
 from search import analysis
 from search.access import WORKSPACE, Reader, documents_unreadable
-from search.answering import abstention, conversations, prompting, rewriting, wording
+from search.answering import abstention, conversations, prompting, reranking, rewriting, wording
 from search.answering.extractive import extractive_answer
 from search.answering.streaming import OUTCOME_KIND, SENTENCE, Checking, checking_of, scoring, scoring_collection
 from search.answering.verification import Verification
@@ -291,6 +291,7 @@ def _answer_run(answer, collections, route_name, top_k, max_tokens, temperature,
                 top_k=top_k,
                 documents_excluded=answer.documents_excluded,
                 reader=answer.reader,
+                stats=answer.stats,
             )
         except SearchError as exc:
             raise AnswerError("collections", str(exc)) from None
@@ -380,29 +381,38 @@ def sources_retrieved(
     top_k: int,
     documents_excluded: Sequence[int] = (),
     reader: Reader = WORKSPACE,
+    stats: dict | None = None,
 ) -> list[prompting.Source]:
     """The ``top_k`` chunks that answer ``question`` (hybrid search), numbered.
 
     A question in parts ("2025年度第3四半期と2026年度第2四半期の売上高をそれぞれ", "What is X, and
     how long is Y?") is also searched part by part, and the lists are interleaved rank by rank
     after the whole question's: each part's best passages are among the sources even when the
-    whole question's top ``top_k`` all answer one part."""
+    whole question's top ``top_k`` all answer one part. With ``SEARCH_RERANK_TOP``, the whole
+    question's first candidates are reordered by the reader first (``stats["rerank"]`` says
+    what was done)."""
     parts = abstention.question_parts(question)
     queries = [question, *parts] if len(parts) > 1 else [question]
+    rerank_top = settings.SEARCH_RERANK_TOP
     rankings = [
         chunk_search(
             query=query,
             workspace=workspace,
             collection_ids=collections,  # chosen when it was asked: no second query
             mode="hybrid",
-            top_k=top_k,
+            top_k=max(top_k, rerank_top) if index == 0 else top_k,
             snippets=False,
             syntax="question",  # a question's quotation marks quote; they do not filter
             documents_excluded=list(documents_excluded),
             reader=reader,
         ).hits
-        for query in queries
+        for index, query in enumerate(queries)
     ]
+    if rerank_top:
+        result = reranking.reranked(question, rankings[0], rerank_top)
+        rankings[0] = result.hits
+        if stats is not None:
+            stats["rerank"] = result.as_record()
     hits, seen = [], set()
     for rank in range(top_k):
         for ranking in rankings:

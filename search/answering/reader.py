@@ -30,36 +30,50 @@ SHARED_SECONDS = 24 * 3600  # ... and in Redis, for every process
 
 _lock = threading.Lock()
 _model: ReaderModel | None = None
-_unavailable: str | None = None
+_broken: str | None = None  # why the weights could not be loaded
 _scores: OrderedDict[str, list[float]] = OrderedDict()
 _counts = {"hits": 0, "read": 0}
 
 
-def reader_get() -> ReaderModel | None:
-    """The process's reader, loaded on first use; None (and the reason logged once) when its
-    weights are missing or corrupt."""
-    global _model, _unavailable
-    if _model is not None or _unavailable is not None:
+def reader_loaded() -> ReaderModel | None:
+    """The process's reader, loaded on first use whatever ANSWER_READER says (reranking asks for
+    it on its own: SEARCH_RERANK_TOP); None (and the reason logged once) when its weights are
+    missing or corrupt."""
+    global _model, _broken
+    if _model is not None or _broken is not None:
         return _model
     with _lock:
-        if _model is None and _unavailable is None and settings.ANSWER_READER != "reader":
-            _unavailable = f"turned off (ANSWER_READER={settings.ANSWER_READER})"
-        if _model is None and _unavailable is None:
+        if _model is None and _broken is None:
             try:
                 from search.reader.e5 import WeightsError
                 from search.reader.model import ReaderModel
 
                 _model = ReaderModel()
             except WeightsError as error:
-                _unavailable = str(error)
+                _broken = str(error)
                 logger.error("reader unavailable, answers use the lexical signals: %s", error)
     return _model
 
 
+def reader_get() -> ReaderModel | None:
+    """The reader that answers read with: None when ANSWER_READER turns it off or it cannot load."""
+    if settings.ANSWER_READER != "reader":
+        return None
+    return reader_loaded()
+
+
 def reader_unavailable() -> str | None:
-    """Why the reader cannot run in this process, or None when it can."""
-    reader_get()
-    return _unavailable
+    """Why answers cannot read with the reader in this process, or None when they can."""
+    if settings.ANSWER_READER != "reader":
+        return f"turned off (ANSWER_READER={settings.ANSWER_READER})"
+    reader_loaded()
+    return _broken
+
+
+def reader_load_error() -> str | None:
+    """Why the reader's weights could not be loaded in this process, or None."""
+    reader_loaded()
+    return _broken
 
 
 def reader_description() -> str:
@@ -80,9 +94,9 @@ def reader_description() -> str:
 
 def reader_reset() -> None:
     """Forget the loaded reader and its scores (tests swap weights)."""
-    global _model, _unavailable
+    global _model, _broken
     with _lock:
-        _model, _unavailable = None, None
+        _model, _broken = None, None
         _scores.clear()
         _counts.update(hits=0, read=0)
 
@@ -95,12 +109,9 @@ def _key(model: ReaderModel, output: int, pair: Pair) -> str:
     return "read:" + digest.hexdigest()
 
 
-def _read(output: int, pairs: list[Pair]) -> list[list[float]] | None:
+def _read(model: ReaderModel, output: int, pairs: list[Pair]) -> list[list[float]]:
     """Each pair's sentence scores: from this process's LRU, else from Redis (shared by every
     worker: the same chunks come back question after question), else read and kept in both."""
-    model = reader_get()
-    if model is None:
-        return None
     keys = [_key(model, output, pair) for pair in pairs]
     with _lock:
         known = {key: _scores[key] for key in keys if key in _scores}
@@ -144,8 +155,22 @@ def reader_counts() -> dict:
 def answers(question: str, passages: Sequence[tuple[str, Sequence[Sentence]]]) -> list[list[float]] | None:
     """For each (title, units) passage, each unit's probability that it answers ``question``;
     None when the reader cannot run."""
-    if reader_get() is None:
+    model = reader_get()
+    return None if model is None else _answers_read(model, question, passages)
+
+
+def passages_answer(question: str, passages: Sequence[tuple[str, Sequence[Sentence]]]) -> list[float] | None:
+    """For each (title, units) passage, the probability that it answers ``question`` (its best
+    unit's), for reranking; None when the weights cannot be loaded."""
+    model = reader_loaded()
+    if model is None:
         return None
+    return [max(scores, default=0.0) for scores in _answers_read(model, question, passages)]
+
+
+def _answers_read(
+    model: ReaderModel, question: str, passages: Sequence[tuple[str, Sequence[Sentence]]]
+) -> list[list[float]]:
     from search.reader.model import Pair, segments_of
 
     pairs, wheres = [], []
@@ -153,20 +178,16 @@ def answers(question: str, passages: Sequence[tuple[str, Sequence[Sentence]]]) -
         segments, where = segments_of(units)
         pairs.append(Pair(question, segments, title))
         wheres.append(where)
-    read = _read(ANSWERS, pairs)
-    if read is None:
-        return None
+    read = _read(model, ANSWERS, pairs)
     return [[scores[index] for index in where] for scores, where in zip(read, wheres, strict=True)]
 
 
 def supports(claim: str, passages: Sequence[tuple[str, Sequence[Sentence]]]) -> list[float] | None:
     """For each (title, units) passage, the probability that it supports ``claim``."""
-    if reader_get() is None:
+    model = reader_get()
+    if model is None:
         return None
     from search.reader.model import Pair, segments_of
 
     pairs = [Pair(claim, segments_of(units)[0], title) for title, units in passages]
-    read = _read(SUPPORTS, pairs)
-    if read is None:
-        return None
-    return [max(scores, default=0.0) for scores in read]
+    return [max(scores, default=0.0) for scores in _read(model, SUPPORTS, pairs)]

@@ -80,6 +80,37 @@ def test_eval_retrieval_prints_exact_figures_as_its_last_line(tmp_path, settings
     assert Document.objects.filter(collection=collection).count() == 3
 
 
+@pytest.mark.django_db
+def test_eval_retrieval_reranks_one_half_by_the_reader(tmp_path, settings, monkeypatch):
+    from django.core.management.base import CommandError
+
+    from search.answering import reader
+    from search.reader import model
+
+    settings.MEDIA_ROOT = tmp_path / "media"
+    settings.SEARCH_RERANK_RANK_WEIGHT = 0.0  # the reader's order alone
+    write_mini(tmp_path / "mini")
+    reader.reader_reset()
+
+    def run(*arguments) -> dict:
+        out = io.StringIO()
+        call_command("eval_retrieval", str(tmp_path / "mini"), *arguments, stdout=out, stderr=io.StringIO())
+        return json.loads(out.getvalue().strip().splitlines()[-1])
+
+    even = run("--half", "even", "--rerank", "3")
+    assert (even["queries"], even["half"], even["rerank"]) == (1, "even", {"top": 3, "rank_weight": 0.0})
+    assert even["ndcg@10"] == 1.0 and even["mrr@10"] == 1.0  # q1's flutter abstract read as the answer
+    odd = run("--half", "odd")
+    assert (odd["queries"], odd["half"]) == (1, "odd") and "rerank" not in odd
+
+    missing = tmp_path / "reader.safetensors"
+    monkeypatch.setattr(model, "HEAD_FILE", missing)
+    reader.reader_reset()
+    with pytest.raises(CommandError, match=f"--rerank: .*missing: {missing}"):
+        run("--rerank", "3")
+    reader.reader_reset()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_eval_retrieval_against_the_references(tmp_path, settings):
     settings.MEDIA_ROOT = tmp_path / "media"

@@ -17,6 +17,10 @@ collections (each ingested once into its own collection), as the UI's default as
 (search/conversational_eval.py): the question alone, the rule's follow-up alone, and the
 follow-up read with its first turn by ``search.answering.conversations.followup_terms``, all judged
 with the question's qrels; ``--followups PATH`` adds a written sample of such turns.
+
+``--rerank N`` reorders each ranking's first N documents by the reader
+(search/answering/reranking.py), as ``SEARCH_RERANK_TOP`` does for an answer's sources; ``--half
+even|odd`` asks every other judged question (the reader learned from JSQuAD's even half).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from search import bulk_load as bulk
 from search import conversational_eval as conversational
 from search import reference_rankings as reference
 from search.access import OPERATOR
-from search.answering import rewriting
+from search.answering import reader, reranking, rewriting
 from search.answering.conversations import Turn, followup_terms
 from search.beir import corpus_read, is_beir_dir, mrr_at, ndcg_at, qrels_read, queries_read, recall_at
 from search.embedders import embedder_get
@@ -77,6 +81,20 @@ class Command(DatabaseCommand):
             "--candidates", type=int, default=None, help="Documents taken from each ranking (default: the product's)."
         )
         parser.add_argument("--workspace", default="eval")
+        parser.add_argument(
+            "--half",
+            choices=("even", "odd"),
+            default=None,
+            help="Every other judged question only (the first, third, ... or the second, fourth, ...): "
+            "tune on one half, report on the other.",
+        )
+        parser.add_argument(
+            "--rerank",
+            type=int,
+            default=0,
+            metavar="N",
+            help="Reorder each ranking's first N documents by the reader (search/answering/reranking.py).",
+        )
         parser.add_argument(
             "--language",
             default=Collection._meta.get_field("text_search_config").default,
@@ -136,6 +154,11 @@ class Command(DatabaseCommand):
         self.rewrite_route = options["rewrite_route"]
         self.rewrite_concurrency = max(1, options["rewrite_concurrency"])
         self.candidates = options["candidates"]
+        self.rerank = options["rerank"]
+        if self.rerank and (options["conversational"] or options["against_bm25"] or options["references"]):
+            raise CommandError("--rerank is a plain run: without --conversational, --against-bm25 or --references")
+        if self.rerank and (error := reader.reader_load_error()):
+            raise CommandError(f"--rerank: {error}")
         for other in options["beside"]:
             if not is_beir_dir(other):
                 raise CommandError(f"{other} is not a BEIR-layout collection (no corpus.jsonl)")
@@ -150,6 +173,8 @@ class Command(DatabaseCommand):
         judged = [qid for qid in queries if qid in qrels]
         if not judged:
             raise CommandError(f"no query of queries.jsonl is judged in qrels/{split}.tsv")
+        if options["half"]:
+            judged = judged[(options["half"] == "odd") :: 2]
         self.beir_ids = {
             pk: meta.get("beir_ids", [])
             for pk, meta in Document.objects.filter(collection=self.collection).values_list("pk", "metadata")
@@ -157,6 +182,8 @@ class Command(DatabaseCommand):
         questions = [queries[qid] for qid in judged]
         judgements = [qrels[qid] for qid in judged]
         summary: dict = {"collection": directory.name, "queries": len(judged)}
+        if options["half"]:
+            summary["half"] = options["half"]
         if self.beside:
             summary["beside"] = [other.name for other in options["beside"]]
         if options["conversational"]:
@@ -168,6 +195,8 @@ class Command(DatabaseCommand):
             return
         if not (options["against_bm25"] or options["references"]):
             summary["mode"] = mode
+            if self.rerank:
+                summary["rerank"] = {"top": self.rerank, "rank_weight": settings.SEARCH_RERANK_RANK_WEIGHT}
             summary.update(self._evaluate(mode, questions, judgements)[0])
             self.stdout.write(json.dumps(summary))
             return
@@ -194,12 +223,13 @@ class Command(DatabaseCommand):
             syntax="question",
             reader=OPERATOR,  # the whole collection, whoever may read which part of it
         )
+        hits = result.hits
+        if self.rerank:
+            hits = reranking.reranked(question, hits, self.rerank).hits
         elapsed = (time.perf_counter() - started) * 1000
         # A document of a collection beside holds its place in the ranking, judged irrelevant.
         ranked = [
-            doc_id
-            for hit in result.hits
-            for doc_id in self.beir_ids.get(hit.document_id, [f"beside:{hit.document_id}"])
+            doc_id for hit in hits for doc_id in self.beir_ids.get(hit.document_id, [f"beside:{hit.document_id}"])
         ]
         return ranked, elapsed
 
