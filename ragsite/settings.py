@@ -443,7 +443,7 @@ SEARCH_DENSE_WEIGHT_JAPANESE = env_float("SEARCH_DENSE_WEIGHT_JAPANESE", 0.5, mi
 SEARCH_KEYWORD_WEIGHT = env_float("SEARCH_KEYWORD_WEIGHT", 1.0, minimum=0.0)
 # An answer's first candidates reordered by the reader before its sources are packed
 # (search/answering/reranking.py, docs/search.md "Reranking"): how many (0: off, the default; the
-# reader costs about 0.16 CPU s a passage here, for +0.007 nDCG@10 on JSQuAD's held-out half),
+# reader costs about 0.16 CPU s a passage here, for +0.0035 nDCG@10 on JSQuAD's held-out half),
 # and the weight of the fused rank beside the reader's probability (chosen on the tuning half).
 SEARCH_RERANK_TOP = env_int("SEARCH_RERANK_TOP", 0, minimum=0, maximum=100)
 SEARCH_RERANK_RANK_WEIGHT = env_float("SEARCH_RERANK_RANK_WEIGHT", 0.4, minimum=0.0)

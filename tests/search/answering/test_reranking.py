@@ -46,6 +46,7 @@ HITS = [
 
 @pytest.fixture
 def fresh_reader():
+    """The reader loaded afresh, and forgotten after (the test swaps its weights)."""
     reader.reader_reset()
     yield
     reader.reader_reset()
@@ -55,7 +56,7 @@ def _ids(hits) -> list[int]:
     return [hit.chunk_id for hit in hits]
 
 
-def test_the_passage_that_answers_moves_up_and_the_rest_stay(fresh_reader):
+def test_the_passage_that_answers_moves_up_and_the_rest_stay():
     # Whatever ANSWER_READER says: reranking loads the reader on its own.
     with override_settings(ANSWER_READER="signals"):
         result = reranking.reranked(LEAVE, HITS, 4, rank_weight=0.4)
@@ -66,7 +67,7 @@ def test_the_passage_that_answers_moves_up_and_the_rest_stay(fresh_reader):
     assert result.as_record()["reader"] == model.weights_manifest()["version"]
 
 
-def test_the_fused_rank_decides_as_its_weight_grows(fresh_reader):
+def test_the_fused_rank_decides_as_its_weight_grows():
     alone = reranking.reranked(LEAVE, HITS, 5, rank_weight=0.0)
     assert _ids(alone.hits) == [HITS[i].chunk_id for i in sorted(range(5), key=lambda i: -alone.scores[i])]
     # 10 x (1 - rank / 5): 2.0 between neighbours, more than a probability can make up.
@@ -95,7 +96,7 @@ def handbook(db):
     return workspace, collection
 
 
-def test_an_answers_sources_are_reranked_when_asked(handbook, fresh_reader):
+def test_an_answers_sources_are_reranked_when_asked(handbook):
     workspace, collection = handbook
     arguments = {"workspace": workspace, "collections": [collection.pk], "top_k": 3}
     stats: dict = {}
