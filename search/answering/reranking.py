@@ -44,9 +44,11 @@ def reranked(question: str, hits: Sequence[SearchHit], top: int, rank_weight: fl
     """``hits`` with the first ``top`` reordered by the reader and the fused rank, the rest as
     they were; as fused, saying why, when the reader cannot load."""
     hits = list(hits)
+    if top < 2:
+        return Reranked(hits=hits, top=0, why_not=f"reranking off (top {top})")
     top = min(top, len(hits))
     if top < 2:
-        return Reranked(hits=hits, top=0, why_not="fewer than two candidates" if top else "reranking off")
+        return Reranked(hits=hits, top=0, why_not="fewer than two candidates")
     weight = settings.SEARCH_RERANK_RANK_WEIGHT if rank_weight is None else rank_weight
     started = time.perf_counter()
     read = reader.passages_answer(question, [(hit.document_title, _units(hit)) for hit in hits[:top]])

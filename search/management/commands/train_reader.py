@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import torch
 from django.core.management.base import BaseCommand
@@ -25,15 +26,30 @@ class Command(BaseCommand):
         parser.add_argument("--lr", type=float, default=4e-4)
         parser.add_argument("--batch-tokens", type=int, default=3072)
         parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+        parser.add_argument(
+            "--without-tuned-sets",
+            action="store_true",
+            help="Learn without the demo's tuned question sets (what the decline lines are chosen on).",
+        )
+        parser.add_argument(
+            "--output", type=Path, default=None, help="Write the weights here (default: search/reader/weights/)."
+        )
 
-    def handle(self, *args, seed, epochs, lr, batch_tokens, threads, **options):
+    def handle(self, *args, seed, epochs, lr, batch_tokens, threads, without_tuned_sets, output, **options):
         if threads:
             torch.set_num_threads(threads)
         rng = random.Random(seed)  # noqa: S311 (a reproducible sample, not a secret)
-        examples = training.examples(rng, held_out=False)
+        examples = training.examples(rng, held_out=False, tuned_sets=not without_tuned_sets)
         tests = training.examples(rng, held_out=True)
         self.stderr.write(f"{len(examples)} training pairs, {len(tests)} held-out pairs")
         trainer = training.Trainer(seed=seed, log=self.stderr.write)
         figures = trainer.train(examples, tests, epochs=epochs, lr=lr, batch_tokens=batch_tokens)
-        trainer.save(figures, epochs=epochs, lr=lr, batch_tokens=batch_tokens)
+        trainer.save(
+            figures,
+            epochs=epochs,
+            lr=lr,
+            batch_tokens=batch_tokens,
+            tuned_sets=not without_tuned_sets,
+            directory=output,
+        )
         self.stdout.write(json.dumps(figures["held_out"], ensure_ascii=False))

@@ -76,7 +76,9 @@ def test_the_fused_rank_decides_as_its_weight_grows():
 
 def test_nothing_to_rerank_is_said_so():
     assert reranking.reranked(LEAVE, HITS[:1], 4).as_record() == {"top": 0, "why_not": "fewer than two candidates"}
-    assert reranking.reranked(LEAVE, [], 4).as_record() == {"top": 0, "why_not": "reranking off"}
+    assert reranking.reranked(LEAVE, [], 4).as_record() == {"top": 0, "why_not": "fewer than two candidates"}
+    assert reranking.reranked(LEAVE, HITS, 1).as_record() == {"top": 0, "why_not": "reranking off (top 1)"}
+    assert _ids(reranking.reranked(LEAVE, HITS, 0).hits) == [1, 2, 3, 4, 5]
 
 
 def test_missing_weights_leave_the_fused_order_and_name_the_file(tmp_path, monkeypatch, fresh_reader):
