@@ -251,7 +251,10 @@ class EngineServer(SupervisedProcess):
         exits or ``timeout`` passes first (vLLM takes about 100 s to start on 2 CPU cores)."""
         deadline = time.monotonic() + timeout
         while not self.ready():
-            if self.gave_up or (not self.alive() and not self.restarting):
+            # A death its supervisor has yet to notice is one it will restart (or give up on):
+            # a server killed a moment ago is not "exited before it was ready".
+            supervised = self._thread is not None and self._thread.is_alive() and not self._stopping.is_set()
+            if self.gave_up or (not self.alive() and not self.restarting and not supervised):
                 code = self.process.returncode if self.process else None
                 raise RuntimeError(f"engine {self.name} exited ({code}) before it was ready:\n" + self._tail_text())
             if time.monotonic() > deadline:
