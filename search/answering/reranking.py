@@ -27,12 +27,13 @@ class Reranked:
     ms: float = 0.0
     why_not: str | None = None  # why the ranking was left as fused
     scores: list[float] = field(default_factory=list)  # the reader's, of the first ``top`` as fused
+    reader: str | None = None  # the version of the weights that read them
 
     def as_record(self) -> dict:
         """What reranking did, for an answer's stats."""
         if self.why_not:
             return {"top": 0, "why_not": self.why_not}
-        return {"top": self.top, "ms": round(self.ms, 1), "reader": reader.reader_loaded().version}
+        return {"top": self.top, "ms": round(self.ms, 1), "reader": self.reader}
 
 
 def _units(hit: SearchHit) -> list[Unit]:
@@ -61,4 +62,5 @@ def reranked(question: str, hits: Sequence[SearchHit], top: int, rank_weight: fl
         top=top,
         ms=(time.perf_counter() - started) * 1000,
         scores=read,
+        reader=reader.reader_loaded().version,
     )
